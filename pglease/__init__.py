@@ -1,0 +1,21 @@
+"""pglease: PostgreSQL-backed leases with fencing generations and a durable event log."""
+
+from .errors import *  # noqa: F403
+from .errors import __all__ as _errors_all
+from .ids import resource_id
+from .postgres import AsyncPostgresStore, PostgresStore
+from .types import Claim, Event, LeaseState, MutationResult, Owner, Permit, ResourceState
+
+__all__ = [
+    "AsyncPostgresStore",
+    "Claim",
+    "Event",
+    "LeaseState",
+    "MutationResult",
+    "Owner",
+    "Permit",
+    "PostgresStore",
+    "ResourceState",
+    "resource_id",
+    *_errors_all,
+]

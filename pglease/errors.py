@@ -1,0 +1,151 @@
+"""One error hierarchy for everything pglease raises on purpose.
+
+Every exception a caller is expected to handle derives from `PgleaseError`.
+Bad input raises a `ValidationError` subclass (also a `ValueError`) before
+anything is written; conflicts with the database state raise a
+`ConflictError` subclass after the transaction was rolled back.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConflictError",
+    "EmbeddedPostgresError",
+    "InvalidCursorError",
+    "InvalidEventTypeError",
+    "InvalidKeyError",
+    "InvalidOwnerError",
+    "InvalidPayloadError",
+    "InvalidResourceIdError",
+    "InvalidResourceTypeError",
+    "InvalidRevisionError",
+    "InvalidSchemaNameError",
+    "InvalidTTLError",
+    "InvalidTokenError",
+    "LeaseExpiredError",
+    "LeaseLostError",
+    "LeaseMismatchError",
+    "MigrationChecksumError",
+    "MigrationError",
+    "PayloadConflictError",
+    "PayloadTooLargeError",
+    "PgleaseError",
+    "ResourceLeasedError",
+    "StaleResourceError",
+    "UnknownResourceError",
+    "ValidationError",
+]
+
+
+class PgleaseError(Exception):
+    """Root of every error pglease raises deliberately."""
+
+
+# --- bad input -------------------------------------------------------------
+
+
+class ValidationError(PgleaseError, ValueError):
+    """An argument is malformed; nothing was changed."""
+
+
+class InvalidResourceTypeError(ValidationError):
+    """A resource type is not an identifier of the documented shape."""
+
+
+class InvalidKeyError(ValidationError):
+    """A resource key is empty, too long, or contains NUL."""
+
+
+class InvalidResourceIdError(ValidationError):
+    """A resource id is not of the form `type-<40 hex>`."""
+
+
+class InvalidOwnerError(ValidationError):
+    """An owner type or owner id is malformed."""
+
+
+class InvalidTTLError(ValidationError):
+    """A TTL is not a positive, finite number within bounds."""
+
+
+class InvalidTokenError(ValidationError):
+    """A lease token does not have the shape pglease issues."""
+
+
+class InvalidRevisionError(ValidationError):
+    """An expected revision is negative or not an integer."""
+
+
+class InvalidEventTypeError(ValidationError):
+    """An event type is malformed or uses the reserved `lease.` prefix."""
+
+
+class InvalidPayloadError(ValidationError):
+    """A payload is not canonical-JSON serialisable (NaN, non-str keys, ...)."""
+
+
+class PayloadTooLargeError(InvalidPayloadError):
+    """A payload's canonical JSON exceeds the size limit."""
+
+
+class InvalidCursorError(ValidationError):
+    """An event cursor is not one pglease produced."""
+
+
+class InvalidSchemaNameError(ValidationError):
+    """A schema name is not a plain lowercase identifier."""
+
+
+class LeaseMismatchError(ValidationError):
+    """A permit carries a lease of a different resource."""
+
+
+# --- state conflicts ----------------------------------------------------------
+
+
+class UnknownResourceError(PgleaseError, LookupError):
+    """The resource id does not exist (call `ensure_resource` first)."""
+
+
+class ConflictError(PgleaseError):
+    """The database state does not allow the operation; nothing was changed."""
+
+
+class StaleResourceError(ConflictError):
+    """The expected revision differs from the resource's current revision."""
+
+    def __init__(self, message: str, *, expected: int | None = None, actual: int | None = None):
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+
+
+class LeaseLostError(ConflictError):
+    """The lease is no longer current: released, taken over, or wrong token."""
+
+
+class LeaseExpiredError(LeaseLostError):
+    """The lease is still recorded but its TTL ran out (renew refused)."""
+
+
+class ResourceLeasedError(ConflictError):
+    """An unleased write was attempted while another holder's lease is live."""
+
+
+class PayloadConflictError(ConflictError):
+    """A stored payload has the same sha256 but different bytes."""
+
+
+# --- infrastructure -----------------------------------------------------------
+
+
+class MigrationError(PgleaseError):
+    """Applying or verifying schema migrations failed."""
+
+
+class MigrationChecksumError(MigrationError):
+    """An applied migration's file changed since it was applied."""
+
+
+class EmbeddedPostgresError(PgleaseError):
+    """The embedded PostgreSQL server could not be started."""

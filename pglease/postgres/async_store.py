@@ -1,0 +1,208 @@
+"""`AsyncPostgresStore`: the asyncio twin of `PostgresStore` (same names and semantics)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from ..cursors import decode_cursor
+from ..dsn import resolve_dsn
+from ..errors import PgleaseError, UnknownResourceError
+from ..migrations import migrate_async
+from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
+from ..validation import check_resource_id, check_resource_type, check_schema_name
+from . import _core
+from ._core import DEFAULT_SCHEMA, Queries
+
+T = TypeVar("T")
+AsyncApply = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+
+
+class AsyncPostgresStore:
+    """Asyncio lease store. Open with ``await AsyncPostgresStore.open(dsn)``
+    or ``async with AsyncPostgresStore(dsn) as store``."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        min_size: int = 1,
+        max_size: int = 16,
+        auto_migrate: bool = True,
+    ) -> None:
+        self.schema = check_schema_name(schema)
+        self._dsn = dsn
+        self._q = Queries(schema)
+        self._min_size = min_size
+        self._max_size = max_size
+        self._auto_migrate = auto_migrate
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+
+    @classmethod
+    async def open(cls, dsn: str | None = None, **kwargs: Any) -> AsyncPostgresStore:
+        store = cls(dsn, **kwargs)
+        await store._open()
+        return store
+
+    async def _open(self) -> None:
+        if self._pool is not None:
+            return
+        # Starting the embedded server blocks for about a second: keep the loop free.
+        self.dsn = await asyncio.to_thread(resolve_dsn, self._dsn)
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+            self.dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            kwargs={"autocommit": True},
+            open=False,
+            name=f"pglease-{self.schema}",
+        )
+        await pool.open(wait=True)
+        self._pool = pool
+        try:
+            if self._auto_migrate:
+                await self.migrate()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aenter__(self) -> AsyncPostgresStore:
+        await self._open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @property
+    def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        if self._pool is None:
+            raise PgleaseError("the store is not open (use `await AsyncPostgresStore.open()`)")
+        return self._pool
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """Borrow an autocommit connection from the store's pool."""
+        async with self.pool.connection() as conn:
+            yield conn
+
+    async def _one(self, query: bytes, args: list[Any]) -> tuple[Any, ...]:
+        async with self.pool.connection() as conn:
+            try:
+                cur = await conn.execute(query, args)
+                row = await cur.fetchone()
+            except psycopg.Error as exc:
+                raise _core.translate(exc) or exc from None
+        assert row is not None
+        return tuple(row)
+
+    async def migrate(self) -> list[str]:
+        async with self.pool.connection() as conn:
+            return [f"{m.version:04d}_{m.name}" for m in await migrate_async(conn, self.schema)]
+
+    async def ensure_resource(self, resource_type: str, key: str) -> str:
+        row = await self._one(self._q.ensure, list(_core.ensure_args(resource_type, key)))
+        return str(row[0])
+
+    async def claim(
+        self,
+        resource_id: str,
+        owner: Owner,
+        ttl: float,
+        expected_revision: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> Claim | None:
+        token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
+        return _core.parse_claim(resource_id, owner, token, await self._one(self._q.claim, args))
+
+    async def renew(
+        self,
+        claim: Claim,
+        ttl: float,
+        expected_revision: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> Claim:
+        args = _core.renew_args(claim, ttl, expected_revision, now)
+        expires_at, revision = await self._one(self._q.renew, args)
+        return replace(claim, expires_at=expires_at, revision=revision)
+
+    async def release(
+        self, claim: Claim, expected_revision: int | None = None, *, now: datetime | None = None
+    ) -> int:
+        args = _core.release_args(claim, expected_revision, now)
+        return int((await self._one(self._q.release, args))[0])
+
+    async def mutate(
+        self,
+        permit: Permit,
+        event_type: str,
+        apply: AsyncApply[T] | None = None,
+        payload: Any = None,
+        *,
+        actor: Owner | None = None,
+        now: datetime | None = None,
+    ) -> MutationResult:
+        args = _core.mutate_args(permit, event_type, payload, actor, now)
+        async with self.pool.connection() as conn, conn.transaction():
+            try:
+                cur = await conn.execute(self._q.mutate_begin, args)
+                row = await cur.fetchone()
+            except psycopg.Error as exc:
+                raise _core.translate(exc) or exc from None
+            assert row is not None
+            value = await apply(conn) if apply is not None else None
+        return MutationResult(permit.resource_id, row[0], row[1], value)
+
+    async def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
+        check_resource_id(resource_id)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(self._q.get, [_core.check_now(now), resource_id])
+            row = await cur.fetchone()
+        if row is None:
+            raise UnknownResourceError(f"unknown resource {resource_id}")
+        return _core.parse_resource(row)
+
+    async def list_resources(
+        self, resource_type: str | None = None, *, now: datetime | None = None
+    ) -> list[ResourceState]:
+        now = _core.check_now(now)
+        async with self.pool.connection() as conn:
+            if resource_type is None:
+                cur = await conn.execute(self._q.list_all, [now])
+            else:
+                check_resource_type(resource_type)
+                cur = await conn.execute(self._q.list_type, [now, resource_type])
+            rows = await cur.fetchall()
+        return [_core.parse_resource(r) for r in rows]
+
+    async def events(
+        self, resource_id: str, after_revision: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        args = _core.events_of_args(resource_id, after_revision, limit)
+        async with self.pool.connection() as conn:
+            rows = await (await conn.execute(self._q.events_of, args)).fetchall()
+            if not rows:
+                cur = await conn.execute(self._q.resource_exists, [resource_id])
+                if await cur.fetchone() is None:
+                    raise UnknownResourceError(f"unknown resource {resource_id}")
+        return [_core.parse_event(r) for r in rows]
+
+    async def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
+        args = _core.events_after_args(decode_cursor(cursor), limit)
+        async with self.pool.connection() as conn:
+            rows = await (await conn.execute(self._q.events_after, args)).fetchall()
+        return [_core.parse_event(r) for r in rows]

@@ -1,0 +1,193 @@
+"""`PostgresStore`: the lease store on PostgreSQL, blocking API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from ..cursors import decode_cursor
+from ..dsn import resolve_dsn
+from ..errors import UnknownResourceError
+from ..migrations import migrate
+from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
+from ..validation import check_resource_id, check_resource_type, check_schema_name
+from . import _core
+from ._core import DEFAULT_SCHEMA, Queries
+
+T = TypeVar("T")
+Apply = Callable[[psycopg.Connection[Any]], T]
+
+
+class PostgresStore:
+    """Leases, revisions and the event log in one PostgreSQL schema.
+
+    Connections come from a psycopg-pool in autocommit mode, so claim, renew and
+    release are one round trip each. Close the store (or use it as a context
+    manager) to close the pool.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        min_size: int = 1,
+        max_size: int = 16,
+        auto_migrate: bool = True,
+    ) -> None:
+        self.schema = check_schema_name(schema)
+        self.dsn = resolve_dsn(dsn)
+        self._q = Queries(schema)
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self.dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            open=False,
+            name=f"pglease-{schema}",
+        )
+        self._pool.open(wait=True)
+        try:
+            if auto_migrate:
+                self.migrate()
+        except BaseException:
+            self._pool.close()
+            raise
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._pool.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """Borrow an autocommit connection from the store's pool."""
+        with self._pool.connection() as conn:
+            yield conn
+
+    def _one(self, query: bytes, args: list[Any]) -> tuple[Any, ...]:
+        with self._pool.connection() as conn:
+            try:
+                row = conn.execute(query, args).fetchone()
+            except psycopg.Error as exc:
+                raise _core.translate(exc) or exc from None
+        assert row is not None
+        return tuple(row)
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names of those applied."""
+        with self._pool.connection() as conn:
+            return [f"{m.version:04d}_{m.name}" for m in migrate(conn, self.schema)]
+
+    def ensure_resource(self, resource_type: str, key: str) -> str:
+        """Create the resource if needed and return its deterministic id (no event)."""
+        return str(self._one(self._q.ensure, list(_core.ensure_args(resource_type, key)))[0])
+
+    def claim(
+        self,
+        resource_id: str,
+        owner: Owner,
+        ttl: float,
+        expected_revision: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> Claim | None:
+        """Take the lease, or return None while another holder's lease is unexpired."""
+        token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
+        return _core.parse_claim(resource_id, owner, token, self._one(self._q.claim, args))
+
+    def renew(
+        self,
+        claim: Claim,
+        ttl: float,
+        expected_revision: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> Claim:
+        """Extend a current, unexpired lease; return the updated claim."""
+        args = _core.renew_args(claim, ttl, expected_revision, now)
+        expires_at, revision = self._one(self._q.renew, args)
+        return replace(claim, expires_at=expires_at, revision=revision)
+
+    def release(
+        self, claim: Claim, expected_revision: int | None = None, *, now: datetime | None = None
+    ) -> int:
+        """Give up a current lease (expired or not); return the new revision."""
+        args = _core.release_args(claim, expected_revision, now)
+        return int(self._one(self._q.release, args)[0])
+
+    def mutate(
+        self,
+        permit: Permit,
+        event_type: str,
+        apply: Apply[T] | None = None,
+        payload: Any = None,
+        *,
+        actor: Owner | None = None,
+        now: datetime | None = None,
+    ) -> MutationResult:
+        """Check the permit, run `apply(conn)` and append the event, all in one transaction.
+
+        Any exception (a stale permit, a lost lease, or one raised by `apply`)
+        rolls everything back: no revision bump, no event, no payload.
+        """
+        args = _core.mutate_args(permit, event_type, payload, actor, now)
+        with self._pool.connection() as conn, conn.transaction():
+            try:
+                row = conn.execute(self._q.mutate_begin, args).fetchone()
+            except psycopg.Error as exc:
+                raise _core.translate(exc) or exc from None
+            assert row is not None
+            value = apply(conn) if apply is not None else None
+        return MutationResult(permit.resource_id, row[0], row[1], value)
+
+    def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
+        """The resource with its lease state, judged by the database clock (or `now`)."""
+        check_resource_id(resource_id)
+        with self._pool.connection() as conn:
+            row = conn.execute(self._q.get, [_core.check_now(now), resource_id]).fetchone()
+        if row is None:
+            raise UnknownResourceError(f"unknown resource {resource_id}")
+        return _core.parse_resource(row)
+
+    def list_resources(
+        self, resource_type: str | None = None, *, now: datetime | None = None
+    ) -> list[ResourceState]:
+        now = _core.check_now(now)
+        with self._pool.connection() as conn:
+            if resource_type is None:
+                rows = conn.execute(self._q.list_all, [now]).fetchall()
+            else:
+                check_resource_type(resource_type)
+                rows = conn.execute(self._q.list_type, [now, resource_type]).fetchall()
+        return [_core.parse_resource(r) for r in rows]
+
+    def events(self, resource_id: str, after_revision: int = 0, limit: int = 1000) -> list[Event]:
+        """A resource's events in revision order, after `after_revision`."""
+        args = _core.events_of_args(resource_id, after_revision, limit)
+        with self._pool.connection() as conn:
+            rows = conn.execute(self._q.events_of, args).fetchall()
+            if not rows and not conn.execute(self._q.resource_exists, [resource_id]).fetchone():
+                raise UnknownResourceError(f"unknown resource {resource_id}")
+        return [_core.parse_event(r) for r in rows]
+
+    def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
+        """Committed events after `cursor` (None or "start": from the beginning).
+
+        Pass the last event's `cursor` to get the next page; no event is ever
+        skipped, even when transactions commit out of id order.
+        """
+        args = _core.events_after_args(decode_cursor(cursor), limit)
+        with self._pool.connection() as conn:
+            rows = conn.execute(self._q.events_after, args).fetchall()
+        return [_core.parse_event(r) for r in rows]

@@ -1,0 +1,107 @@
+"""Value types returned and accepted by every store backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .validation import check_owner_id, check_owner_type
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds a lease or acts: an owner type (``host``, ``session``...) and an id."""
+
+    type: str
+    id: str
+
+    def __post_init__(self) -> None:
+        check_owner_type(self.type)
+        check_owner_id(self.id)
+
+    @classmethod
+    def parse(cls, text: str) -> Owner:
+        """Parse ``TYPE:ID`` (the id may itself contain colons)."""
+        owner_type, sep, owner_id = text.partition(":")
+        if not sep:
+            check_owner_type("")  # raises InvalidOwnerError with the pattern
+        return cls(owner_type, owner_id)
+
+    def __str__(self) -> str:
+        return f"{self.type}:{self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A granted lease. `token` is the secret proving ownership; keep it private.
+
+    `generation` is the fencing token to hand to downstream systems; `revision`
+    is the resource revision right after this claim (or the last renew).
+    """
+
+    resource_id: str
+    owner: Owner
+    token: str = field(repr=False)
+    generation: int
+    expires_at: datetime
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """A write permit: the revision the writer expects and, optionally, its lease."""
+
+    resource_id: str
+    expected_revision: int
+    lease: Claim | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    generation: int
+    owner: Owner | None
+    acquired_at: datetime | None
+    heartbeat_at: datetime | None
+    expires_at: datetime | None
+    #: True when a holder is recorded and its lease is live by the database clock.
+    held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceState:
+    id: str
+    type: str
+    key: str
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+    lease: LeaseState
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of the durable event log."""
+
+    id: int
+    cursor: str
+    resource_id: str
+    resource_type: str
+    resource_key: str
+    revision: int
+    type: str
+    actor: Owner | None
+    lease_generation: int | None
+    lease_expires_at: datetime | None
+    payload: Any
+    payload_sha256: bytes | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MutationResult:
+    resource_id: str
+    revision: int
+    event_id: int
+    #: Whatever the `apply` callback returned.
+    value: Any = None

@@ -1,0 +1,143 @@
+"""Input checks shared by every backend: each raises before anything is sent."""
+
+from __future__ import annotations
+
+import math
+import re
+from numbers import Real
+
+from .errors import (
+    InvalidEventTypeError,
+    InvalidKeyError,
+    InvalidOwnerError,
+    InvalidResourceIdError,
+    InvalidResourceTypeError,
+    InvalidRevisionError,
+    InvalidSchemaNameError,
+    InvalidTokenError,
+    InvalidTTLError,
+)
+
+#: Resource types, owner types: lowercase identifiers, e.g. ``run``, ``turn_intent``.
+IDENTIFIER_PATTERN = r"[a-z][a-z0-9_]{0,62}"
+_IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
+#: Event types: dotted lowercase identifiers, e.g. ``run.started``.
+_EVENT_TYPE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*")
+_RESOURCE_ID = re.compile(IDENTIFIER_PATTERN + r"-[0-9a-f]{40}")
+#: Tokens are 32 random bytes, URL-safe base64 without padding.
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")
+
+MAX_KEY_BYTES = 1024
+MAX_OWNER_ID_BYTES = 256
+MAX_EVENT_TYPE_LENGTH = 128
+MIN_TTL_SECONDS = 0.001
+MAX_TTL_SECONDS = 7 * 24 * 3600.0
+RESERVED_EVENT_PREFIX = "lease."
+
+
+def _text_bytes(value: object, what: str, error: type[Exception]) -> bytes:
+    if not isinstance(value, str):
+        raise error(f"{what} must be a str, got {type(value).__name__}")
+    if value == "":
+        raise error(f"{what} must not be empty")
+    if "\x00" in value:
+        raise error(f"{what} must not contain NUL characters")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(f"{what} is not valid UTF-8 text: {exc.reason}") from None
+
+
+def check_resource_type(value: object) -> str:
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise InvalidResourceTypeError(
+            f"resource type {value!r} must match {IDENTIFIER_PATTERN} (lowercase identifier)"
+        )
+    return value
+
+
+def check_key(value: object) -> str:
+    raw = _text_bytes(value, "resource key", InvalidKeyError)
+    if len(raw) > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"resource key is {len(raw)} bytes; the limit is {MAX_KEY_BYTES}")
+    assert isinstance(value, str)
+    return value
+
+
+def check_resource_id(value: object) -> str:
+    if not isinstance(value, str) or not _RESOURCE_ID.fullmatch(value):
+        raise InvalidResourceIdError(
+            f"resource id {value!r} is not of the form TYPE-<40 hex digits>"
+            " (use ensure_resource(type, key) to get one)"
+        )
+    return value
+
+
+def check_owner_type(value: object) -> str:
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise InvalidOwnerError(f"owner type {value!r} must match {IDENTIFIER_PATTERN}")
+    return value
+
+
+def check_owner_id(value: object) -> str:
+    raw = _text_bytes(value, "owner id", InvalidOwnerError)
+    if len(raw) > MAX_OWNER_ID_BYTES:
+        raise InvalidOwnerError(f"owner id is {len(raw)} bytes; the limit is {MAX_OWNER_ID_BYTES}")
+    assert isinstance(value, str)
+    return value
+
+
+def check_ttl(value: object) -> float:
+    """Return the TTL in seconds; reject zero, negative, NaN, infinite and huge."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InvalidTTLError(f"ttl must be a number of seconds, got {type(value).__name__}")
+    ttl = float(value)
+    if not math.isfinite(ttl):
+        raise InvalidTTLError(f"ttl must be finite, got {ttl}")
+    if ttl < MIN_TTL_SECONDS:
+        raise InvalidTTLError(f"ttl must be at least {MIN_TTL_SECONDS} s, got {ttl}")
+    if ttl > MAX_TTL_SECONDS:
+        raise InvalidTTLError(f"ttl must be at most {MAX_TTL_SECONDS:.0f} s, got {ttl}")
+    return ttl
+
+
+def check_token(value: object) -> str:
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+        raise InvalidTokenError(
+            "lease token is malformed (expected the 43-character token from claim)"
+        )
+    return value
+
+
+def check_revision(value: object, what: str = "expected_revision") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRevisionError(f"{what} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise InvalidRevisionError(f"{what} must be >= 0, got {value}")
+    if value >= 2**63:
+        raise InvalidRevisionError(f"{what} is out of range: {value}")
+    return value
+
+
+def check_optional_revision(value: object) -> int | None:
+    return None if value is None else check_revision(value)
+
+
+def check_event_type(value: object) -> str:
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_EVENT_TYPE_LENGTH
+        or not _EVENT_TYPE.fullmatch(value)
+    ):
+        raise InvalidEventTypeError(
+            f"event type {value!r} must be dotted lowercase identifiers, e.g. 'run.started'"
+        )
+    if value.startswith(RESERVED_EVENT_PREFIX):
+        raise InvalidEventTypeError(f"event type {value!r} uses the reserved prefix 'lease.'")
+    return value
+
+
+def check_schema_name(value: object) -> str:
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise InvalidSchemaNameError(f"schema name {value!r} must match {IDENTIFIER_PATTERN}")
+    return value
