@@ -32,9 +32,6 @@ def canonical_json(value: Any) -> str:
 
 def canonical_payload(value: Any) -> CanonicalPayload:
     text = canonical_json(value)
-    if "\x00" in text:
-        # PostgreSQL text cannot hold NUL; refuse it up front rather than at the server.
-        raise InvalidPayloadError("payload contains a NUL character, which cannot be stored")
     try:
         raw = text.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -23,6 +23,8 @@ import pytest
 
 from pglease import AsyncPostgresStore, PostgresStore
 
+from .backends import Backend, PostgresBackend
+
 
 def _docker_dsn() -> Iterator[str]:
     try:
@@ -82,3 +84,24 @@ def pg_store(pg_dsn: str, schema: str) -> Iterator[PostgresStore]:
 async def apg_store(pg_dsn: str, schema: str) -> AsyncIterator[AsyncPostgresStore]:
     async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=8) as store:
         yield store
+
+
+#: Every backend the conformance suite runs against.
+BACKENDS = ["postgres", "postgres-async"]
+
+
+def make_backend(name: str, request: pytest.FixtureRequest) -> Backend:
+    if name in ("postgres", "postgres-async"):
+        dsn = request.getfixturevalue("pg_dsn")
+        schema = request.getfixturevalue("schema")
+        return PostgresBackend(dsn, schema, is_async=name.endswith("-async"))
+    raise ValueError(f"unknown backend {name}")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    made = make_backend(request.param, request)
+    try:
+        yield made
+    finally:
+        made.close()

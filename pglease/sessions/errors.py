@@ -1,0 +1,83 @@
+"""Errors raised by the per-session file layer.
+
+Everything derives from `SessionError`, itself a `PgleaseError`. Bad arguments
+additionally derive from `pglease.errors.ValidationError` (and so `ValueError`).
+"""
+
+from __future__ import annotations
+
+from ..errors import PgleaseError, ValidationError
+
+
+class SessionError(PgleaseError):
+    """Root of every error the session layer raises deliberately."""
+
+
+class InvalidSessionIdError(SessionError, ValidationError):
+    """A session id is empty or not a safe file name."""
+
+
+class InvalidSessionWriteError(SessionError, ValidationError):
+    """A write operation or read argument is malformed; nothing was written."""
+
+
+class SessionVersionError(SessionError):
+    """The file's storage_version is not 1 (newer, or an older layout)."""
+
+
+class SessionCorruptError(SessionError):
+    """The file breaks an invariant of the format (row counts, entry rows, index)."""
+
+
+class LaneValidationError(SessionError):
+    """A lane lacks one of its registers (leaf, state, config) or points nowhere."""
+
+
+class UnknownEntryError(SessionError, LookupError):
+    """An entry id (fork point, parent, branch leaf) does not exist in the session."""
+
+
+class DuplicateIdError(SessionError):
+    """An entry or usage id is already used in the session."""
+
+
+class WriterLeaseLostError(SessionError):
+    """The writer lease was lost; the handle refuses all further work."""
+
+
+class SessionAlreadyClaimedError(SessionError):
+    """Another live writer holds the session's lease."""
+
+
+class SessionNotFoundError(SessionError, LookupError):
+    """No session file with that id exists."""
+
+
+class SessionExistsError(SessionError):
+    """A session file with that id already exists."""
+
+
+class SessionClosedError(SessionError):
+    """The session handle was closed."""
+
+
+class SessionBusyError(SessionError):
+    """The session is open in this repository (or leased) and cannot be deleted."""
+
+
+__all__ = [
+    "DuplicateIdError",
+    "InvalidSessionIdError",
+    "InvalidSessionWriteError",
+    "LaneValidationError",
+    "SessionAlreadyClaimedError",
+    "SessionBusyError",
+    "SessionClosedError",
+    "SessionCorruptError",
+    "SessionError",
+    "SessionExistsError",
+    "SessionNotFoundError",
+    "SessionVersionError",
+    "UnknownEntryError",
+    "WriterLeaseLostError",
+]

@@ -1,0 +1,187 @@
+"""Fork rules and lane validation, independent of any storage backend.
+
+`plan_fork` turns a `SessionSnapshot` of the source into a `ForkPlan`: the
+entries to copy (seq order, unchanged) and the registers to write with their
+fresh seqs. A backend writes the plan, passing entries through the branch
+index in seq order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from .errors import InvalidSessionWriteError, LaneValidationError, UnknownEntryError
+from .model import Entry, Register, SessionSnapshot, dump_json, lane_names
+from .schema import IDLE_LANE_STATE_JSON, MAIN_LANE
+
+ForkScope: TypeAlias = Literal["branch", "tree"]
+ForkPosition: TypeAlias = Literal["at", "before"]
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPlan:
+    entries: tuple[Entry, ...]
+    registers: tuple[Register, ...]
+    message_count: int
+    next_seq: int
+    parent_session_id: str | None
+
+
+def _leaf_value(register: Register) -> str | None:
+    try:
+        value = register.value
+    except ValueError:
+        raise LaneValidationError(
+            f"lane {register.key!r}: lane.leaf holds invalid JSON {register.value_json!r}"
+        ) from None
+    if value is not None and not isinstance(value, str):
+        raise LaneValidationError(
+            f"lane {register.key!r}: lane.leaf must be an entry id or null, got {value!r}"
+        )
+    return value
+
+
+def validate_lanes(
+    registers: Sequence[Register], entry_ids: Collection[str]
+) -> dict[str, str | None]:
+    """Check the lane registers of a session; return each lane's leaf.
+
+    main must have a leaf; a lane with config, state or lastResult needs a leaf;
+    every leaf needs a state; lanes other than main need a config; a non-null
+    leaf must name an existing entry.
+    """
+    by_ns: dict[str, dict[str, Register]] = {}
+    for register in registers:
+        by_ns.setdefault(register.namespace, {})[register.key] = register
+    leaves = by_ns.get("lane.leaf", {})
+    configs = by_ns.get("lane.config", {})
+    states = by_ns.get("lane.state", {})
+    if MAIN_LANE not in leaves:
+        raise LaneValidationError("lane 'main' is missing its lane.leaf register")
+    out: dict[str, str | None] = {}
+    for lane in lane_names(registers):
+        present = [
+            ns
+            for ns in ("lane.config", "lane.state", "lane.lastResult")
+            if lane in by_ns.get(ns, {})
+        ]
+        if lane not in leaves:
+            raise LaneValidationError(
+                f"lane {lane!r} has {', '.join(present)} but is missing its lane.leaf register"
+            )
+        if lane not in states:
+            raise LaneValidationError(f"lane {lane!r} is missing its lane.state register")
+        if lane != MAIN_LANE and lane not in configs:
+            raise LaneValidationError(f"lane {lane!r} is missing its lane.config register")
+        leaf = _leaf_value(leaves[lane])
+        if leaf is not None and leaf not in entry_ids:
+            raise LaneValidationError(
+                f"lane {lane!r}: lane.leaf points at entry {leaf!r}, which does not exist"
+            )
+        out[lane] = leaf
+    return out
+
+
+def branch_path(entries: dict[str, Entry], entry_id: str) -> list[Entry]:
+    """The entries from the root down to `entry_id` (inclusive), oldest first."""
+    path: list[Entry] = []
+    current = entries.get(entry_id)
+    if current is None:
+        raise UnknownEntryError(f"fork entry {entry_id!r} does not exist in the source session")
+    while True:
+        path.append(current)
+        if current.parent_id is None:
+            break
+        parent = entries.get(current.parent_id)
+        if parent is None:
+            raise UnknownEntryError(
+                f"entry {current.id!r} has a missing parent {current.parent_id!r}"
+            )
+        if parent.seq >= current.seq or len(path) > len(entries):
+            raise UnknownEntryError(f"entry {current.id!r} has an invalid parent chain")
+        current = parent
+    path.reverse()
+    return path
+
+
+def plan_fork(
+    snapshot: SessionSnapshot,
+    source_id: str | None,
+    scope: ForkScope = "branch",
+    entry_id: str | None = None,
+    position: ForkPosition = "at",
+) -> ForkPlan:
+    """Apply the fork rules to a source snapshot (raises before anything is written)."""
+    if scope not in ("branch", "tree"):
+        raise InvalidSessionWriteError(f"fork scope must be 'branch' or 'tree', got {scope!r}")
+    if position not in ("at", "before"):
+        raise InvalidSessionWriteError(f"fork position must be 'at' or 'before', got {position!r}")
+    entries = snapshot.entry_map()
+    leaves = validate_lanes(snapshot.registers, entries)
+    regs = snapshot.register_map()
+
+    lanes: list[tuple[str, str | None]]
+    copied: list[Entry]
+    if scope == "branch":
+        target = leaves[MAIN_LANE] if entry_id is None else entry_id
+        if target is None:
+            if position == "before":
+                raise InvalidSessionWriteError(
+                    "cannot fork 'before': the main lane is empty and no entry was given"
+                )
+            copied = []
+            leaf: str | None = None
+        else:
+            path = branch_path(entries, target)
+            if position == "before":
+                path = path[:-1]
+            copied = path
+            leaf = path[-1].id if path else None
+        lanes = [(MAIN_LANE, leaf)]
+    else:
+        if entry_id is not None or position != "at":
+            raise InvalidSessionWriteError(
+                "entry_id and position='before' apply to branch scope only"
+            )
+        copied = sorted(snapshot.entries, key=lambda e: e.seq)
+        seen: dict[str, int] = {}
+        for entry in copied:
+            if entry.parent_id is not None and entry.parent_id not in seen:
+                raise UnknownEntryError(
+                    f"entry {entry.id!r} has a missing parent {entry.parent_id!r}"
+                )
+            seen[entry.id] = entry.seq
+        lanes = list(leaves.items())
+
+    seq = max((e.seq for e in copied), default=0)
+    seq = max(seq, 0)
+    out: list[Register] = []
+
+    def put(namespace: str, key: str, value_json: str) -> None:
+        nonlocal seq
+        seq += 1
+        out.append(Register(namespace, key, seq, value_json))
+
+    for lane, lane_leaf in lanes:
+        config = regs.get(("lane.config", lane))
+        if config is not None:
+            put("lane.config", lane, config.value_json)
+        put("lane.leaf", lane, dump_json(lane_leaf))
+        put("lane.state", lane, IDLE_LANE_STATE_JSON)
+    copied_ids = {e.id for e in copied}
+    for namespace in ("fact.name", "fact.custom", "fact.label"):
+        for register in sorted(
+            (r for r in snapshot.registers if r.namespace == namespace), key=lambda r: r.key
+        ):
+            if namespace == "fact.label" and register.key not in copied_ids:
+                continue
+            put(namespace, register.key, register.value_json)
+    return ForkPlan(
+        entries=tuple(copied),
+        registers=tuple(out),
+        message_count=sum(1 for e in copied if e.type == "message"),
+        next_seq=seq + 1,
+        parent_session_id=source_id,
+    )

@@ -1,0 +1,445 @@
+"""A directory of session files: `<directory>/<session_id>.sqlite`."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import re
+import secrets
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import (
+    InvalidSessionIdError,
+    InvalidSessionWriteError,
+    SessionBusyError,
+    SessionCorruptError,
+    SessionError,
+    SessionExistsError,
+    SessionNotFoundError,
+)
+from .fork import ForkPosition, ForkScope, plan_fork
+from .ids import uuid7
+from .model import SessionInfo, load_json
+from .schema import EMPTY_USAGE_JSON, IDLE_LANE_STATE_JSON, MAIN_LANE, SCHEMA_SQL, STORAGE_VERSION
+from .sqlite_file import (
+    NowMs,
+    SqliteSession,
+    claim_lease,
+    connect,
+    insert_entry,
+    read_lease,
+    read_session_row,
+    read_snapshot,
+    transaction,
+    wall_clock_ms,
+)
+
+SUFFIX = ".sqlite"
+SIDE_FILES = ("-wal", "-shm")
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+#: In-progress files start with a dot and end in `.tmp`: never listed as sessions.
+TEMP_SUFFIX = ".tmp"
+
+
+def check_session_id(session_id: object) -> str:
+    """Session ids are file names: letters, digits, `.`, `_`, `-`; no leading dot."""
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        raise InvalidSessionIdError(
+            f"session id {session_id!r} must be 1-200 characters of letters, digits, "
+            "'.', '_' or '-', not starting with '.', and contain no path separators"
+        )
+    return session_id
+
+
+@dataclass(frozen=True, slots=True)
+class SessionProblem:
+    """A `*.sqlite` file that `list()` could not read as a session."""
+
+    id: str
+    path: str
+    error: SessionError
+
+
+@dataclass(frozen=True, slots=True)
+class SessionListing:
+    sessions: list[SessionInfo] = field(default_factory=list)
+    problems: list[SessionProblem] = field(default_factory=list)
+
+    def ids(self) -> list[str]:
+        return [s.id for s in self.sessions]
+
+
+def _remove_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_RENAME_NOREPLACE = 1
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """Atomic rename that fails when `dst` exists (Linux renameat2), for file
+    systems without hard links."""
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name, use_errno=True) if libc_name else None
+    renameat2 = getattr(libc, "renameat2", None) if libc is not None else None
+    if renameat2 is None:
+        raise SessionError("this file system supports neither hard links nor renameat2")
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), _RENAME_NOREPLACE)
+    if result != 0:
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(dst))
+        raise OSError(err, os.strerror(err), str(dst))
+
+
+def _publish(temp: Path, final: Path) -> None:
+    """Make `temp` visible as `final` atomically, never replacing an existing file."""
+    try:
+        os.link(temp, final)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        _rename_noreplace(temp, final)
+        return
+    _remove_quietly(temp)
+
+
+class SessionRepository:
+    """Session files in one directory.
+
+    `lease_seconds` / `renew_interval` set the writer lease of handles this
+    repository opens (30 s / 15 s; `renew_interval=None` disables the background
+    renewal). `now_ms` is the clock for lease expiry and timestamps.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        lease_seconds: float = 30.0,
+        renew_interval: float | None = 15.0,
+        now_ms: NowMs | None = None,
+    ) -> None:
+        if not lease_seconds > 0:
+            raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+        if renew_interval is not None and not 0 < renew_interval < lease_seconds:
+            raise InvalidSessionWriteError(
+                f"renew_interval must be between 0 and lease_seconds, got {renew_interval!r}"
+            )
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise SessionError(f"session directory {self.directory} does not exist")
+        self.lease_seconds = lease_seconds
+        self.renew_interval = renew_interval
+        self.now_ms: NowMs = now_ms or wall_clock_ms
+        self._lock = threading.Lock()
+        self._open: dict[str, SqliteSession] = {}
+
+    @property
+    def _lease_ms(self) -> int:
+        return round(self.lease_seconds * 1000)
+
+    def path_for(self, session_id: str) -> Path:
+        return self.directory / (check_session_id(session_id) + SUFFIX)
+
+    def exists(self, session_id: str) -> bool:
+        return self.path_for(session_id).exists()
+
+    # -- handles --
+
+    def _forget(self, handle: SqliteSession) -> None:
+        with self._lock:
+            if self._open.get(handle.id) is handle:
+                del self._open[handle.id]
+
+    def _handle(
+        self, session_id: str, path: Path, conn: sqlite3.Connection, owner_id: str, fence: int
+    ) -> SqliteSession:
+        handle = SqliteSession(
+            session_id=session_id,
+            path=path,
+            conn=conn,
+            owner_id=owner_id,
+            fence=fence,
+            lease_seconds=self.lease_seconds,
+            renew_interval=self.renew_interval,
+            now_ms=self.now_ms,
+            on_close=self._forget,
+        )
+        with self._lock:
+            self._open[session_id] = handle
+        return handle
+
+    def _open_claimed(self, session_id: str) -> SqliteSession:
+        path = self.path_for(session_id)
+        if not path.exists():
+            raise SessionNotFoundError(f"session {session_id} does not exist ({path})")
+        conn = connect(path)
+        owner_id = uuid7()
+        try:
+            with transaction(conn):
+                read_session_row(conn, path)
+                fence = claim_lease(conn, session_id, owner_id, self.now_ms(), self._lease_ms)
+        except BaseException:
+            conn.close()
+            raise
+        return self._handle(session_id, path, conn, owner_id, fence)
+
+    def open(self, session_id: str) -> SqliteSession:
+        """Open an existing session and claim its writer lease."""
+        return self._open_claimed(check_session_id(session_id))
+
+    # -- creating files --
+
+    def _materialise(self, session_id: str, build: Callable[[sqlite3.Connection], None]) -> None:
+        """Build a complete session file under a temporary name, then publish it
+        as `<id>.sqlite` without replacing anything. On failure nothing stays."""
+        final = self.path_for(session_id)
+        if final.exists():
+            raise SessionExistsError(f"session {session_id} already exists ({final})")
+        temp = self.directory / f".{session_id}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.close(fd)
+        try:
+            conn = connect(temp, create=True)
+            try:
+                conn.executescript("BEGIN IMMEDIATE;\n" + SCHEMA_SQL)
+                try:
+                    build(conn)
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                conn.close()
+            for side in SIDE_FILES:
+                side_path = Path(str(temp) + side)
+                if side_path.exists() and side_path.stat().st_size > 0 and side == "-wal":
+                    raise SessionError(f"could not checkpoint new session file {temp}")
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                _publish(temp, final)
+            except FileExistsError:
+                raise SessionExistsError(f"session {session_id} already exists ({final})") from None
+            _fsync_dir(self.directory)
+        finally:
+            for path in (temp, *(Path(str(temp) + side) for side in SIDE_FILES)):
+                _remove_quietly(path)
+
+    def _write_session_row(
+        self,
+        conn: sqlite3.Connection,
+        parent_session_id: str | None,
+        message_count: int,
+        next_seq: int,
+    ) -> None:
+        conn.execute(
+            "INSERT INTO session (created_at, parent_session_id, storage_version, metadata,"
+            " message_count, usage_payload, next_seq) VALUES (?, ?, ?, NULL, ?, ?, ?)",
+            (
+                self.now_ms(),
+                parent_session_id,
+                STORAGE_VERSION,
+                message_count,
+                EMPTY_USAGE_JSON,
+                next_seq,
+            ),
+        )
+
+    def create(self, id: str | None = None, parent_session_id: str | None = None) -> SqliteSession:
+        """Create a new empty session (registers lane.leaf/main=null at seq 1 and
+        lane.state/main=idle at seq 2; next_seq 3) and claim its lease."""
+        session_id = check_session_id(id) if id is not None else uuid7()
+        if parent_session_id is not None and not isinstance(parent_session_id, str):
+            raise InvalidSessionWriteError("parent_session_id must be a string or None")
+        owner_id = uuid7()
+
+        def build(conn: sqlite3.Connection) -> None:
+            self._write_session_row(conn, parent_session_id, 0, 3)
+            conn.executemany(
+                "INSERT INTO registers (namespace, key, seq, value) VALUES (?, ?, ?, ?)",
+                [
+                    ("lane.leaf", MAIN_LANE, 1, "null"),
+                    ("lane.state", MAIN_LANE, 2, IDLE_LANE_STATE_JSON),
+                ],
+            )
+            claim_lease(conn, session_id, owner_id, self.now_ms(), self._lease_ms)
+
+        self._materialise(session_id, build)
+        return self._adopt(session_id, owner_id)
+
+    def _adopt(self, session_id: str, owner_id: str) -> SqliteSession:
+        """Open a file we just published, whose lease we wrote (owner_id, fence 1)."""
+        path = self.path_for(session_id)
+        conn = connect(path)
+        try:
+            with transaction(conn):
+                read_session_row(conn, path)
+                fence = claim_lease(conn, session_id, owner_id, self.now_ms(), self._lease_ms)
+        except BaseException:
+            conn.close()
+            raise
+        return self._handle(session_id, path, conn, owner_id, fence)
+
+    def fork(
+        self,
+        source_id: str,
+        scope: ForkScope = "branch",
+        entry_id: str | None = None,
+        position: ForkPosition = "at",
+        id: str | None = None,
+    ) -> SqliteSession:
+        """Copy (part of) a session into a new one and open it. The source is read
+        in one snapshot without touching its lease."""
+        source_id = check_session_id(source_id)
+        new_id = check_session_id(id) if id is not None else uuid7()
+        source_path = self.path_for(source_id)
+        if not source_path.exists():
+            raise SessionNotFoundError(f"session {source_id} does not exist ({source_path})")
+        if self.path_for(new_id).exists():
+            raise SessionExistsError(f"session {new_id} already exists")
+        conn = connect(source_path)
+        try:
+            snapshot = read_snapshot(conn, source_path)
+        finally:
+            conn.close()
+        plan = plan_fork(snapshot, source_id, scope, entry_id, position)
+        owner_id = uuid7()
+
+        def build(conn: sqlite3.Connection) -> None:
+            self._write_session_row(conn, plan.parent_session_id, plan.message_count, plan.next_seq)
+            seqs: dict[str, int] = {}
+            for entry in plan.entries:
+                parent_seq = None if entry.parent_id is None else seqs[entry.parent_id]
+                insert_entry(conn, entry, parent_seq)
+                seqs[entry.id] = entry.seq
+            conn.executemany(
+                "INSERT INTO registers (namespace, key, seq, value) VALUES (?, ?, ?, ?)",
+                [(r.namespace, r.key, r.seq, r.value_json) for r in plan.registers],
+            )
+            claim_lease(conn, new_id, owner_id, self.now_ms(), self._lease_ms)
+
+        self._materialise(new_id, build)
+        return self._adopt(new_id, owner_id)
+
+    # -- listing and deleting --
+
+    def _info(self, session_id: str, path: Path) -> SessionInfo:
+        conn = connect(path)
+        try:
+            with transaction(conn, immediate=False):
+                row = read_session_row(conn, path)
+                lease = read_lease(conn)
+        except sqlite3.Error as exc:
+            raise SessionCorruptError(f"session file {path} cannot be read: {exc}") from exc
+        finally:
+            conn.close()
+        try:
+            usage = load_json(row[5])
+        except ValueError as exc:
+            raise SessionCorruptError(f"session file {path} has invalid usage_payload") from exc
+        return SessionInfo(
+            id=session_id,
+            path=str(path),
+            created_at=int(row[0]),
+            parent_session_id=row[1],
+            storage_version=int(row[2]),
+            message_count=int(row[4]),
+            usage=usage,
+            next_seq=int(row[6]),
+            lease=lease,
+        )
+
+    def list(self) -> SessionListing:
+        """Every `*.sqlite` session, newest `created_at` first. Unreadable files are
+        reported in `problems`, never fatal."""
+        listing = SessionListing()
+        for path in sorted(self.directory.iterdir()):
+            name = path.name
+            if not name.endswith(SUFFIX) or not path.is_file():
+                continue
+            session_id = name[: -len(SUFFIX)]
+            try:
+                check_session_id(session_id)
+                listing.sessions.append(self._info(session_id, path))
+            except SessionError as exc:
+                listing.problems.append(SessionProblem(session_id, str(path), exc))
+        listing.sessions.sort(key=lambda s: (-s.created_at, s.id))
+        return listing
+
+    def delete(self, session_id: str) -> None:
+        """Remove a session's file, `-wal` and `-shm`. Refused while the session is
+        open in this repository or another writer's lease is live."""
+        path = self.path_for(session_id)
+        if not path.exists():
+            raise SessionNotFoundError(f"session {session_id} does not exist ({path})")
+        with self._lock:
+            handle = self._open.get(session_id)
+        if handle is not None and not handle.closed:
+            raise SessionBusyError(f"session {session_id} is open; close it before deleting")
+        lease = None
+        try:
+            conn = connect(path)
+        except SessionError:
+            conn = None  # not a usable database: nothing can hold a lease on it
+        if conn is not None:
+            try:
+                with transaction(conn, immediate=False):
+                    lease = read_lease(conn)
+            except (sqlite3.Error, SessionError):
+                lease = None
+            finally:
+                conn.close()
+        now = self.now_ms()
+        if lease is not None and lease.expires_at_ms > now:
+            raise SessionBusyError(
+                f"session {session_id} is leased by writer {lease.owner_id} "
+                f"(fence {lease.fence}) for another {lease.expires_at_ms - now} ms"
+            )
+        path.unlink()
+        for side in SIDE_FILES:
+            _remove_quietly(Path(str(path) + side))
+        _fsync_dir(self.directory)
+
+    def close(self) -> None:
+        """Close every handle this repository opened."""
+        with self._lock:
+            handles = list(self._open.values())
+        for handle in handles:
+            handle.close()
+
+    def __enter__(self) -> SessionRepository:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

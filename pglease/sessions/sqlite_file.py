@@ -1,0 +1,790 @@
+"""One session = one SQLite file: connections, checks, the index store, the handle."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .branch_index import BranchIndexStore, BranchQuery, BranchRow, Segment, index_entry
+from .branch_index import scan_branch as _scan_branch
+from .errors import (
+    DuplicateIdError,
+    InvalidSessionWriteError,
+    SessionAlreadyClaimedError,
+    SessionClosedError,
+    SessionCorruptError,
+    SessionError,
+    SessionVersionError,
+    UnknownEntryError,
+    WriterLeaseLostError,
+)
+from .ids import uuid7
+from .model import (
+    AddUsage,
+    AppendEntry,
+    CommitResult,
+    DeleteRegister,
+    Entry,
+    LeaseInfo,
+    Register,
+    SessionSnapshot,
+    SessionStats,
+    SetRegister,
+    UsageRow,
+    Write,
+    check_usage,
+    dump_json,
+    entry_payload_json,
+    load_json,
+    sum_usage,
+)
+from .schema import ENTRY_TYPES, STORAGE_VERSION, TABLES
+
+log = logging.getLogger("pglease.sessions")
+
+NowMs = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# --- connections and transactions ------------------------------------------------------
+
+
+def connect(path: Path, *, create: bool = False) -> sqlite3.Connection:
+    """Open a connection (WAL, busy_timeout 5000). Without `create` the file must exist."""
+    uri = "file:" + urllib.parse.quote(str(path)) + ("?mode=rwc" if create else "?mode=rw")
+    try:
+        conn = sqlite3.connect(
+            uri, uri=True, isolation_level=None, check_same_thread=False, timeout=5.0
+        )
+    except sqlite3.Error as exc:
+        raise SessionError(f"cannot open session file {path}: {exc}") from exc
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            raise SessionCorruptError(f"session file {path} cannot use WAL mode (got {mode!r})")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise SessionCorruptError(f"session file {path} is not a usable database: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection, *, immediate: bool = True) -> Iterator[None]:
+    """`BEGIN IMMEDIATE ... COMMIT`, ROLLBACK on any error (deferred for reads)."""
+    conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+# --- checks -----------------------------------------------------------------------------
+
+
+def check_tables(conn: sqlite3.Connection, path: Path) -> None:
+    names = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")}
+    missing = [t for t in TABLES if t not in names]
+    if missing:
+        raise SessionCorruptError(f"session file {path} is missing table(s): {', '.join(missing)}")
+
+
+def read_session_row(conn: sqlite3.Connection, path: Path) -> sqlite3.Row | tuple[Any, ...]:
+    """The single session row, after the table, row-count and version checks:
+    (created_at, parent_session_id, storage_version, metadata, message_count,
+    usage_payload, next_seq)."""
+    check_tables(conn, path)
+    rows = conn.execute(
+        "SELECT created_at, parent_session_id, storage_version, metadata, message_count,"
+        " usage_payload, next_seq FROM session LIMIT 2"
+    ).fetchall()
+    if len(rows) != 1:
+        raise SessionCorruptError(
+            f"session file {path} must have exactly one session row, found "
+            f"{'none' if not rows else 'more than one'}"
+        )
+    row = rows[0]
+    version = row[2]
+    if not isinstance(version, int):
+        raise SessionCorruptError(f"session file {path} has storage_version {version!r}")
+    if version > STORAGE_VERSION:
+        raise SessionVersionError(
+            f"session file {path} has storage_version {version}, newer than {STORAGE_VERSION}"
+        )
+    if version < STORAGE_VERSION:
+        raise SessionVersionError(
+            f"session file {path} has storage_version {version}, which requires migrations"
+        )
+    if not isinstance(row[6], int) or not isinstance(row[4], int):
+        raise SessionCorruptError(f"session file {path} has a malformed session row")
+    return row  # type: ignore[no-any-return]
+
+
+def read_lease(conn: sqlite3.Connection) -> LeaseInfo | None:
+    rows = conn.execute(
+        "SELECT owner_id, fence, expires_at_ms FROM writer_lease LIMIT 2"
+    ).fetchall()
+    if not rows:
+        return None
+    if len(rows) > 1:
+        raise SessionCorruptError("writer_lease holds more than one row")
+    owner, fence, expires = rows[0]
+    return LeaseInfo(str(owner), int(fence), int(expires))
+
+
+def claim_lease(
+    conn: sqlite3.Connection, session_id: str, owner_id: str, now: int, lease_ms: int
+) -> int:
+    """Claim the writer lease inside the caller's write transaction; return the fence."""
+    lease = read_lease(conn)
+    expires = now + lease_ms
+    if lease is None:
+        conn.execute(
+            "INSERT INTO writer_lease (owner_id, fence, expires_at_ms) VALUES (?, 1, ?)",
+            (owner_id, expires),
+        )
+        return 1
+    if lease.owner_id != owner_id and lease.expires_at_ms > now:
+        raise SessionAlreadyClaimedError(
+            f"session {session_id} is already claimed by writer {lease.owner_id} "
+            f"(fence {lease.fence}, expires in {lease.expires_at_ms - now} ms)"
+        )
+    fence = lease.fence if lease.owner_id == owner_id else lease.fence + 1
+    conn.execute(
+        "UPDATE writer_lease SET owner_id = ?, fence = ?, expires_at_ms = ?",
+        (owner_id, fence, expires),
+    )
+    return fence
+
+
+ENTRY_COLUMNS = "id, parent_id, seq, type, custom_type, timestamp, payload"
+
+
+def entry_from_row(row: Sequence[Any]) -> Entry:
+    entry_id, parent_id, seq, type_, custom_type, timestamp, payload = row
+    if type_ not in ENTRY_TYPES:
+        raise SessionCorruptError(f"entry {entry_id} has unknown type {type_!r}")
+    if type_ == "custom" and not custom_type:
+        raise SessionCorruptError(f"custom entry {entry_id} has no custom_type")
+    if type_ != "custom" and custom_type is not None:
+        raise SessionCorruptError(f"{type_} entry {entry_id} has a custom_type")
+    if not isinstance(payload, str) or not isinstance(seq, int):
+        raise SessionCorruptError(f"entry {entry_id} has a malformed row")
+    return Entry(str(entry_id), parent_id, seq, type_, custom_type, int(timestamp), payload)
+
+
+def read_snapshot(conn: sqlite3.Connection, path: Path) -> SessionSnapshot:
+    """Entries (seq order) and registers in one consistent read transaction."""
+    with transaction(conn, immediate=False):
+        row = read_session_row(conn, path)
+        entries = tuple(
+            entry_from_row(r)
+            for r in conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY seq, id")
+        )
+        registers = tuple(
+            Register(ns, key, seq, value)
+            for ns, key, seq, value in conn.execute(
+                "SELECT namespace, key, seq, value FROM registers ORDER BY namespace, key"
+            )
+        )
+    return SessionSnapshot(entries, registers, row[1])
+
+
+# --- the branch index on SQLite ----------------------------------------------------------
+
+_SEGMENT_COLUMNS = "branch_id, tip_entry_id, tip_seq, base_branch_id, base_seq"
+
+
+def _segment(row: Sequence[Any] | None) -> Segment | None:
+    return None if row is None else Segment(row[0], row[1], row[2], row[3], row[4])
+
+
+class SqliteBranchIndex(BranchIndexStore):
+    """`branch_entries` / `branch_meta` as a `BranchIndexStore` (caller's transaction)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def segment(self, branch_id: str) -> Segment | None:
+        return _segment(
+            self.conn.execute(
+                f"SELECT {_SEGMENT_COLUMNS} FROM branch_meta WHERE branch_id = ?", (branch_id,)
+            ).fetchone()
+        )
+
+    def segment_by_tip(self, tip_entry_id: str) -> Segment | None:
+        return _segment(
+            self.conn.execute(
+                f"SELECT {_SEGMENT_COLUMNS} FROM branch_meta WHERE tip_entry_id = ?",
+                (tip_entry_id,),
+            ).fetchone()
+        )
+
+    def covering_segment(self, entry_id: str, entry_seq: int) -> Segment | None:
+        return _segment(
+            self.conn.execute(
+                "SELECT m.branch_id, m.tip_entry_id, m.tip_seq, m.base_branch_id, m.base_seq"
+                " FROM branch_entries AS e JOIN branch_meta AS m ON m.branch_id = e.branch_id"
+                " WHERE e.entry_id = ? AND coalesce(m.base_seq, 0) < ? AND ? <= m.tip_seq"
+                " ORDER BY m.tip_seq DESC, m.branch_id LIMIT 1",
+                (entry_id, entry_seq, entry_seq),
+            ).fetchone()
+        )
+
+    def newest_row_of_type(
+        self, branch_id: str, entry_type: str, above_seq: int, upto_seq: int
+    ) -> BranchRow | None:
+        row = self.conn.execute(
+            "SELECT entry_id, entry_seq, entry_type FROM branch_entries"
+            " WHERE branch_id = ? AND entry_type = ? AND entry_seq > ? AND entry_seq <= ?"
+            " ORDER BY entry_seq DESC LIMIT 1",
+            (branch_id, entry_type, above_seq, upto_seq),
+        ).fetchone()
+        return None if row is None else BranchRow(row[0], row[1], row[2])
+
+    def rows(
+        self, branch_id: str, above_seq: int, upto_seq: int, newest_first: bool
+    ) -> Iterable[BranchRow]:
+        order = "DESC" if newest_first else "ASC"
+        cursor = self.conn.execute(
+            "SELECT entry_id, entry_seq, entry_type FROM branch_entries"
+            " WHERE branch_id = ? AND entry_seq > ? AND entry_seq <= ?"
+            f" ORDER BY entry_seq {order}",
+            (branch_id, above_seq, upto_seq),
+        )
+        return [BranchRow(r[0], r[1], r[2]) for r in cursor]
+
+    def add_segment(self, segment: Segment) -> None:
+        self.conn.execute(
+            f"INSERT INTO branch_meta ({_SEGMENT_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+            (
+                segment.branch_id,
+                segment.tip_entry_id,
+                segment.tip_seq,
+                segment.base_branch_id,
+                segment.base_seq,
+            ),
+        )
+
+    def move_tip(self, branch_id: str, tip_entry_id: str, tip_seq: int) -> None:
+        self.conn.execute(
+            "UPDATE branch_meta SET tip_entry_id = ?, tip_seq = ? WHERE branch_id = ?",
+            (tip_entry_id, tip_seq, branch_id),
+        )
+
+    def add_rows(self, branch_id: str, rows: Sequence[BranchRow]) -> None:
+        self.conn.executemany(
+            "INSERT INTO branch_entries (branch_id, entry_id, entry_seq, entry_type)"
+            " VALUES (?, ?, ?, ?)",
+            [(branch_id, r.entry_id, r.entry_seq, r.entry_type) for r in rows],
+        )
+
+
+def insert_entry(conn: sqlite3.Connection, entry: Entry, parent_seq: int | None) -> None:
+    """Insert an entry row and index it (caller's transaction)."""
+    conn.execute(
+        f"INSERT INTO entries ({ENTRY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            entry.id,
+            entry.parent_id,
+            entry.seq,
+            entry.type,
+            entry.custom_type,
+            entry.timestamp,
+            entry.payload_json,
+        ),
+    )
+    index_entry(
+        SqliteBranchIndex(conn), entry.id, entry.seq, entry.type, entry.parent_id, parent_seq
+    )
+
+
+def _check_id(value: object, what: str) -> str:
+    if not isinstance(value, str) or value == "" or "\x00" in value:
+        raise InvalidSessionWriteError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _check_text(value: object, what: str, *, allow_empty: bool) -> str:
+    if not isinstance(value, str) or (value == "" and not allow_empty) or "\x00" in value:
+        raise InvalidSessionWriteError(f"{what} must be a string without NUL, got {value!r}")
+    return value
+
+
+# --- the handle -------------------------------------------------------------------------------
+
+
+class SqliteSession:
+    """A writer handle on one session file, holding its writer lease.
+
+    Created by `SessionRepository.create/open/fork`. The lease is renewed by a
+    background thread every `renew_interval` seconds and inside every commit's
+    own transaction, where the fence is checked. Once the lease is lost the
+    handle raises `WriterLeaseLostError` for everything but `close()`.
+    """
+
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        path: Path,
+        conn: sqlite3.Connection,
+        owner_id: str,
+        fence: int,
+        lease_seconds: float,
+        renew_interval: float | None,
+        now_ms: NowMs,
+        on_close: Callable[[SqliteSession], None] | None = None,
+        on_lost: Callable[[SqliteSession], None] | None = None,
+    ) -> None:
+        self._id = session_id
+        self._path = path
+        self._conn = conn
+        self._owner_id = owner_id
+        self._fence = fence
+        self._lease_ms = round(lease_seconds * 1000)
+        self._now_ms = now_ms
+        self._on_close = on_close
+        self._on_lost = on_lost
+        self._lock = threading.RLock()
+        self._closed = False
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if renew_interval is not None:
+            self._thread = threading.Thread(
+                target=self._renew_loop,
+                args=(renew_interval,),
+                name=f"pglease-session-renew-{session_id}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    # -- identity --
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def owner_id(self) -> str:
+        return self._owner_id
+
+    @property
+    def fence(self) -> int:
+        return self._fence
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"<SqliteSession {self._id} fence={self._fence} owner={self._owner_id}>"
+
+    def __enter__(self) -> SqliteSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- lease --
+
+    def _usable(self) -> sqlite3.Connection:
+        if self._closed:
+            raise SessionClosedError(f"session {self._id} handle is closed")
+        if self.lost.is_set():
+            raise WriterLeaseLostError(
+                f"session {self._id}: writer lease was lost (fence {self._fence}); "
+                "this handle refuses further work"
+            )
+        return self._conn
+
+    def _mark_lost(self) -> WriterLeaseLostError:
+        first = not self.lost.is_set()
+        self.lost.set()
+        self._stop.set()
+        if first and self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:
+                log.exception("on_lost callback of session %s failed", self._id)
+        return WriterLeaseLostError(
+            f"session {self._id}: writer lease was lost (owner {self._owner_id}, "
+            f"fence {self._fence} no longer current)"
+        )
+
+    def _renew_in_transaction(self, conn: sqlite3.Connection, now: int) -> None:
+        cur = conn.execute(
+            "UPDATE writer_lease SET expires_at_ms = ? WHERE owner_id = ? AND fence = ?",
+            (now + self._lease_ms, self._owner_id, self._fence),
+        )
+        if cur.rowcount != 1:
+            raise self._mark_lost()
+
+    def renew(self) -> None:
+        """Extend the lease by the lease length; lost lease -> `WriterLeaseLostError`."""
+        with self._lock:
+            conn = self._usable()
+            with transaction(conn):
+                self._renew_in_transaction(conn, self._now_ms())
+
+    def _renew_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.renew()
+            except (WriterLeaseLostError, SessionClosedError):
+                return
+            except sqlite3.Error as exc:  # busy or I/O: try again next beat
+                log.warning("session %s: lease renewal failed, will retry: %s", self._id, exc)
+
+    def close(self) -> None:
+        """Stop renewing, release the lease (if still ours) and close the file."""
+        with self._lock:
+            if self._closed:
+                return
+            self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                if not self.lost.is_set():
+                    with transaction(self._conn):
+                        self._conn.execute(
+                            "DELETE FROM writer_lease WHERE owner_id = ? AND fence = ?",
+                            (self._owner_id, self._fence),
+                        )
+            except sqlite3.Error as exc:
+                log.warning("session %s: releasing the lease failed: %s", self._id, exc)
+            finally:
+                self._closed = True
+                self._conn.close()
+                if self._on_close is not None:
+                    self._on_close(self)
+
+    # -- writes --
+
+    def commit(self, writes: Sequence[Write]) -> CommitResult:
+        """Apply `writes` in one transaction: seqs next_seq.., one timestamp."""
+        writes = list(writes)
+        if not writes:
+            raise InvalidSessionWriteError("a commit needs at least one write")
+        prepared: list[tuple[Write, str | None, str | None]] = []
+        for write in writes:
+            if isinstance(write, AppendEntry):
+                payload = entry_payload_json(write)
+                if write.id is not None:
+                    _check_id(write.id, "entry id")
+                if write.parent_id is not None:
+                    _check_id(write.parent_id, "parent id")
+                prepared.append((write, payload, None))
+            elif isinstance(write, AddUsage):
+                check_usage(write.usage)
+                if write.id is not None:
+                    _check_id(write.id, "usage id")
+                if write.entry_id is not None:
+                    _check_id(write.entry_id, "usage entry id")
+                if not isinstance(write.adjustment, bool):
+                    raise InvalidSessionWriteError("usage adjustment must be a bool")
+                details = None if write.details is None else dump_json(write.details, "details")
+                prepared.append((write, dump_json(dict(write.usage), "usage"), details))
+            elif isinstance(write, SetRegister):
+                _check_text(write.namespace, "register namespace", allow_empty=False)
+                _check_text(write.key, "register key", allow_empty=True)
+                prepared.append((write, dump_json(write.value, "register value"), None))
+            elif isinstance(write, DeleteRegister):
+                _check_text(write.namespace, "register namespace", allow_empty=False)
+                _check_text(write.key, "register key", allow_empty=True)
+                prepared.append((write, None, None))
+            else:
+                raise InvalidSessionWriteError(f"unknown write operation {write!r}")
+
+        with self._lock:
+            conn = self._usable()
+            now = self._now_ms()
+            with transaction(conn):
+                self._renew_in_transaction(conn, now)
+                row = read_session_row(conn, self._path)
+                first_seq = seq = int(row[6])
+                message_count = int(row[4])
+                usage: dict[str, Any] = load_json(row[5])
+                ids: list[str | None] = []
+                for write, text, details in prepared:
+                    if isinstance(write, AppendEntry):
+                        assert text is not None
+                        entry_id = write.id or uuid7(now)
+                        self._check_unused(conn, entry_id)
+                        parent_seq: int | None = None
+                        if write.parent_id is not None:
+                            found = conn.execute(
+                                "SELECT seq FROM entries WHERE id = ?", (write.parent_id,)
+                            ).fetchone()
+                            if found is None:
+                                raise UnknownEntryError(
+                                    f"parent entry {write.parent_id!r} does not exist"
+                                )
+                            parent_seq = int(found[0])
+                        entry = Entry(
+                            entry_id,
+                            write.parent_id,
+                            seq,
+                            write.type,
+                            write.custom_type,
+                            now,
+                            text,
+                        )
+                        insert_entry(conn, entry, parent_seq)
+                        if write.type == "message":
+                            message_count += 1
+                        ids.append(entry_id)
+                    elif isinstance(write, AddUsage):
+                        assert text is not None
+                        usage_id = write.id or uuid7(now)
+                        self._check_unused(conn, usage_id)
+                        conn.execute(
+                            "INSERT INTO usage_ledger (id, seq, entry_id, adjustment, usage,"
+                            " details) VALUES (?, ?, ?, ?, ?, ?)",
+                            (usage_id, seq, write.entry_id, int(write.adjustment), text, details),
+                        )
+                        usage = sum_usage(usage, write.usage)
+                        ids.append(usage_id)
+                    elif isinstance(write, SetRegister):
+                        conn.execute(
+                            "INSERT INTO registers (namespace, key, seq, value) VALUES (?, ?, ?, ?)"
+                            " ON CONFLICT (namespace, key) DO UPDATE"
+                            " SET seq = excluded.seq, value = excluded.value",
+                            (write.namespace, write.key, seq, text),
+                        )
+                        ids.append(None)
+                    else:
+                        conn.execute(
+                            "DELETE FROM registers WHERE namespace = ? AND key = ?",
+                            (write.namespace, write.key),
+                        )
+                        ids.append(None)
+                    seq += 1
+                conn.execute(
+                    "UPDATE session SET next_seq = ?, message_count = ?, usage_payload = ?",
+                    (seq, message_count, dump_json(usage, "usage_payload")),
+                )
+        return CommitResult(first_seq, seq, now, tuple(ids))
+
+    @staticmethod
+    def _check_unused(conn: sqlite3.Connection, item_id: str) -> None:
+        if conn.execute(
+            "SELECT 1 FROM entries WHERE id = ? UNION ALL SELECT 1 FROM usage_ledger WHERE id = ?",
+            (item_id, item_id),
+        ).fetchone():
+            raise DuplicateIdError(f"id {item_id!r} is already used by an entry or usage row")
+
+    def append_entry(
+        self,
+        type: str,
+        parent_id: str | None,
+        payload: dict[str, Any] | None = None,
+        *,
+        custom_type: str | None = None,
+        id: str | None = None,
+    ) -> Entry:
+        result = self.commit([AppendEntry(type, parent_id, payload or {}, custom_type, id)])
+        entry = self.get_entry(result.ids[0] or "")
+        assert entry is not None
+        return entry
+
+    def append_message(
+        self,
+        parent_id: str | None,
+        message: Any,
+        *,
+        terminate: bool | None = None,
+        id: str | None = None,
+    ) -> Entry:
+        payload: dict[str, Any] = {"message": message}
+        if terminate is not None:
+            payload["terminate"] = terminate
+        return self.append_entry("message", parent_id, payload, id=id)
+
+    def set_register(self, namespace: str, key: str, value: Any) -> int:
+        """Upsert a register; returns the seq it was written at."""
+        return self.commit([SetRegister(namespace, key, value)]).first_seq
+
+    def delete_register(self, namespace: str, key: str) -> int:
+        """Delete a register (no tombstone); the delete still takes a seq."""
+        return self.commit([DeleteRegister(namespace, key)]).first_seq
+
+    def add_usage(
+        self,
+        usage: dict[str, Any],
+        *,
+        entry_id: str | None = None,
+        adjustment: bool = False,
+        details: Any = None,
+        id: str | None = None,
+    ) -> UsageRow:
+        result = self.commit([AddUsage(usage, entry_id, adjustment, details, id)])
+        usage_id = result.ids[0] or ""
+        for row in self.usage_rows():
+            if row.id == usage_id:
+                return row
+        raise SessionCorruptError(f"usage row {usage_id} vanished")  # pragma: no cover
+
+    # -- reads --
+
+    def get_entry(self, entry_id: str) -> Entry | None:
+        with self._lock:
+            row = (
+                self._usable()
+                .execute(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id = ?", (entry_id,))
+                .fetchone()
+            )
+        return None if row is None else entry_from_row(row)
+
+    def scan_entries(
+        self,
+        *,
+        after_seq: int = 0,
+        limit: int | None = None,
+        types: Iterable[str] | None = None,
+    ) -> list[Entry]:
+        """Entries with `seq > after_seq` in seq order, optionally of some types."""
+        sql = f"SELECT {ENTRY_COLUMNS} FROM entries WHERE seq > ?"
+        params: list[Any] = [after_seq]
+        if types is not None:
+            wanted = list(types)
+            sql += f" AND type IN ({', '.join('?' for _ in wanted)})" if wanted else " AND 0"
+            params.extend(wanted)
+        sql += " ORDER BY seq"
+        if limit is not None:
+            if limit < 0:
+                raise InvalidSessionWriteError(f"limit must be >= 0, got {limit}")
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._lock:
+            rows = self._usable().execute(sql, params).fetchall()
+        return [entry_from_row(r) for r in rows]
+
+    def scan_branch(
+        self,
+        leaf_id: str,
+        *,
+        newest_first: bool = True,
+        stop_type: str | None = None,
+        stop_id: str | None = None,
+        types: Iterable[str] | None = None,
+        custom_type: str | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        """The path from `leaf_id` to the root, read through the branch index.
+
+        See `BranchQuery` for the meaning of the options."""
+        query = BranchQuery(
+            newest_first=newest_first,
+            stop_type=stop_type,
+            stop_id=stop_id,
+            types=None if types is None else frozenset(types),
+            custom_type=custom_type,
+            cursor=cursor,
+            limit=limit,
+        )
+        with self._lock:
+            conn = self._usable()
+            with transaction(conn, immediate=False):
+                leaf = self._entry_or_raise(conn, leaf_id)
+
+                def load(row: BranchRow) -> Entry:
+                    return self._entry_or_raise(conn, row.entry_id, corrupt=True)
+
+                return _scan_branch(SqliteBranchIndex(conn), leaf, query, load)
+
+    @staticmethod
+    def _entry_or_raise(conn: sqlite3.Connection, entry_id: str, corrupt: bool = False) -> Entry:
+        row = conn.execute(
+            f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id = ?", (entry_id,)
+        ).fetchone()
+        if row is None:
+            if corrupt:
+                raise SessionCorruptError(
+                    f"corrupt branch index: indexed entry {entry_id!r} does not exist"
+                )
+            raise UnknownEntryError(f"entry {entry_id!r} does not exist")
+        return entry_from_row(row)
+
+    def get_register(self, namespace: str, key: str) -> Register | None:
+        with self._lock:
+            row = (
+                self._usable()
+                .execute(
+                    "SELECT namespace, key, seq, value FROM registers"
+                    " WHERE namespace = ? AND key = ?",
+                    (namespace, key),
+                )
+                .fetchone()
+            )
+        return None if row is None else Register(*row)
+
+    def list_registers(self, namespace: str, prefix: str = "") -> list[Register]:
+        """Registers of `namespace` whose key starts with `prefix`, ordered by key."""
+        with self._lock:
+            rows = (
+                self._usable()
+                .execute(
+                    "SELECT namespace, key, seq, value FROM registers"
+                    " WHERE namespace = ? AND key >= ? AND substr(key, 1, ?) = ? ORDER BY key",
+                    (namespace, prefix, len(prefix), prefix),
+                )
+                .fetchall()
+            )
+        return [Register(*r) for r in rows]
+
+    def usage_rows(self) -> list[UsageRow]:
+        with self._lock:
+            rows = (
+                self._usable()
+                .execute(
+                    "SELECT id, seq, entry_id, adjustment, usage, details FROM usage_ledger"
+                    " ORDER BY seq"
+                )
+                .fetchall()
+            )
+        return [UsageRow(r[0], r[1], r[2], bool(r[3]), r[4], r[5]) for r in rows]
+
+    def stats(self) -> SessionStats:
+        with self._lock:
+            conn = self._usable()
+            with transaction(conn, immediate=False):
+                row = read_session_row(conn, self._path)
+                count = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
+        return SessionStats(
+            created_at=int(row[0]),
+            parent_session_id=row[1],
+            message_count=int(row[4]),
+            usage=load_json(row[5]),
+            next_seq=int(row[6]),
+            entry_count=int(count),
+        )
+
+    def snapshot(self) -> SessionSnapshot:
+        with self._lock:
+            return read_snapshot(self._usable(), self._path)
