@@ -1,0 +1,156 @@
+"""PostgreSQL-only behaviour: storage details, commit ordering, migrations, real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pglease import (
+    MigrationChecksumError,
+    MigrationError,
+    Owner,
+    PayloadConflictError,
+    Permit,
+    PostgresStore,
+)
+from pglease.migrations import load_migrations
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sql(dsn: str, query: str, args: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(query.encode(), args)
+        return cur.fetchall() if cur.description else []
+
+
+def test_only_the_token_hash_is_stored(pg_store: PostgresStore, pg_dsn: str, schema: str) -> None:
+    rid = pg_store.ensure_resource("run", "t")
+    claim = pg_store.claim(rid, Owner("host", "a"), 30)
+    assert claim is not None
+    [row] = sql(pg_dsn, f"SELECT * FROM {schema}.leases")
+    assert hashlib.sha256(claim.token.encode()).digest() in [bytes(v) for v in row
+                                                               if isinstance(v, bytes)]
+    assert claim.token not in repr(row)
+    assert claim.token not in repr(claim)
+
+
+def test_same_hash_with_different_bytes_is_refused(
+    pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    rid = pg_store.ensure_resource("run", "p")
+    pg_store.mutate(Permit(rid, 0), "run.a", payload={"a": 1})
+    sql(pg_dsn, f"UPDATE {schema}.payloads SET body = '{{\"a\": 1}}'")  # tampered bytes
+    with pytest.raises(PayloadConflictError):
+        pg_store.mutate(Permit(rid, 1), "run.b", payload={"a": 1})
+    assert pg_store.get(rid).revision == 1
+
+
+def test_out_of_order_commits_are_never_skipped(pg_store: PostgresStore) -> None:
+    """The first writer takes the lower event id but commits last."""
+    first = pg_store.ensure_resource("run", "slow")
+    second = pg_store.ensure_resource("run", "fast")
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_apply(conn: psycopg.Connection[Any]) -> None:
+        inside.set()
+        assert release.wait(10)
+
+    slow = threading.Thread(target=pg_store.mutate, args=(Permit(first, 0), "run.slow", slow_apply))
+    slow.start()
+    assert inside.wait(10)
+    fast = pg_store.mutate(Permit(second, 0), "run.fast")
+    early = pg_store.events_after()
+    assert early == []  # the fast event waits behind the open transaction
+    release.set()
+    slow.join()
+    events = pg_store.events_after()
+    assert sorted(e.type for e in events) == ["run.fast", "run.slow"]
+    assert fast.event_id > min(e.id for e in events)
+    assert pg_store.events_after(events[-1].cursor) == []
+
+
+def test_migrate_is_idempotent_and_recorded(pg_dsn: str, schema: str) -> None:
+    with PostgresStore(pg_dsn, schema=schema) as store:
+        assert store.migrate() == []
+    rows = sql(pg_dsn, f"SELECT version, name, checksum FROM {schema}.schema_migrations")
+    expected = [(m.version, m.name, m.checksum) for m in load_migrations()]
+    assert sorted(rows) == expected
+
+
+def test_changed_migration_is_refused(pg_dsn: str, schema: str) -> None:
+    PostgresStore(pg_dsn, schema=schema).close()
+    sql(pg_dsn, f"UPDATE {schema}.schema_migrations SET checksum = 'abc' WHERE version = 1")
+    with pytest.raises(MigrationChecksumError, match="must never change"):
+        PostgresStore(pg_dsn, schema=schema)
+
+
+def test_unknown_applied_migration_is_refused(pg_dsn: str, schema: str) -> None:
+    PostgresStore(pg_dsn, schema=schema).close()
+    sql(pg_dsn, f"INSERT INTO {schema}.schema_migrations VALUES (9999, 'future', 'x')")
+    with pytest.raises(MigrationError, match="upgrade pglease"):
+        PostgresStore(pg_dsn, schema=schema)
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests._workers", *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_eight_processes_migrate_at_once(pg_dsn: str, schema: str) -> None:
+    start_at = str(time.time() + 1.5)
+    procs = [_spawn("migrate", pg_dsn, schema, start_at) for _ in range(8)]
+    for proc in procs:
+        _out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    rows = sql(pg_dsn, f"SELECT version FROM {schema}.schema_migrations ORDER BY version")
+    assert [r[0] for r in rows] == [m.version for m in load_migrations()]
+
+
+@pytest.mark.parametrize("processes", [2, 8])
+def test_processes_racing_for_one_resource(
+    pg_store: PostgresStore, pg_dsn: str, schema: str, processes: int
+) -> None:
+    rid = pg_store.ensure_resource("controller", "hot")
+    start_at = str(time.time() + 1.5)
+    procs = [_spawn("race", pg_dsn, schema, rid, f"p{i}", "2.0", start_at)
+             for i in range(processes)]
+    won: dict[int, str] = {}
+    for i, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        for line in out.splitlines():
+            generation = json.loads(line)["generation"]
+            assert generation not in won, f"generation {generation} granted twice"
+            won[generation] = f"p{i}"
+    assert sorted(won) == list(range(1, len(won) + 1))
+    assert len(set(won.values())) > 1, "expected more than one process to win at some point"
+    # The event log agrees: one claim per generation, by the process that saw it won,
+    # and no claim while the previous holder was live (released or expired first).
+    events = []
+    cursor = 0
+    while page := pg_store.events(rid, after_revision=cursor, limit=1000):
+        events.extend(page)
+        cursor = page[-1].revision
+    claims = [e for e in events if e.type == "lease.claimed"]
+    assert [e.lease_generation for e in claims] == sorted(won)
+    assert all(won[e.lease_generation] == e.actor.id for e in claims if e.actor)  # type: ignore[index]
+    holder_until = None
+    for event in events:
+        if event.type == "lease.claimed":
+            assert holder_until is None or holder_until <= event.created_at
+            holder_until = event.lease_expires_at
+        elif event.type == "lease.released":
+            holder_until = None
+    assert [e.revision for e in events] == list(range(1, len(events) + 1))
