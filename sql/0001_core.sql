@@ -72,16 +72,23 @@ BEGIN
 END $$;
 
 -- Lock the lease row first in every writing function: one lock order, no deadlocks.
-CREATE FUNCTION @schema@._lock_lease(p_resource text, p_expected_revision bigint)
+CREATE FUNCTION @schema@._lock_lease(p_resource text)
 RETURNS @schema@.leases LANGUAGE plpgsql AS $$
 DECLARE
     l @schema@.leases%ROWTYPE;
-    v_rev bigint;
 BEGIN
     SELECT * INTO l FROM @schema@.leases WHERE resource_id = p_resource FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown resource %', p_resource USING ERRCODE = 'PGL01';
     END IF;
+    RETURN l;
+END $$;
+
+CREATE FUNCTION @schema@._check_revision(p_resource text, p_expected_revision bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_rev bigint;
+BEGIN
     IF p_expected_revision IS NOT NULL THEN
         SELECT revision INTO v_rev FROM @schema@.resources WHERE id = p_resource;
         IF v_rev <> p_expected_revision THEN
@@ -90,7 +97,6 @@ BEGIN
                 USING ERRCODE = 'PGL02', DETAIL = v_rev::text;
         END IF;
     END IF;
-    RETURN l;
 END $$;
 
 CREATE FUNCTION @schema@._check_current(
@@ -133,7 +139,8 @@ DECLARE
     l @schema@.leases%ROWTYPE;
     v_now timestamptz;
 BEGIN
-    l := @schema@._lock_lease(p_resource, p_expected_revision);
+    l := @schema@._lock_lease(p_resource);
+    PERFORM @schema@._check_revision(p_resource, p_expected_revision);
     -- Judge expiry after the lock wait, by the database clock.
     v_now := coalesce(p_now, clock_timestamp());
     IF l.owner_id IS NOT NULL AND l.expires_at > v_now THEN
@@ -165,8 +172,9 @@ DECLARE
     l @schema@.leases%ROWTYPE;
     v_now timestamptz;
 BEGIN
-    l := @schema@._lock_lease(p_resource, p_expected_revision);
+    l := @schema@._lock_lease(p_resource);
     PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation, p_token_sha256);
+    PERFORM @schema@._check_revision(p_resource, p_expected_revision);
     v_now := coalesce(p_now, clock_timestamp());
     IF l.expires_at <= v_now THEN
         RAISE EXCEPTION 'lease generation % on % expired at %', l.generation, p_resource,
@@ -189,8 +197,9 @@ DECLARE
     l @schema@.leases%ROWTYPE;
     v_now timestamptz;
 BEGIN
-    l := @schema@._lock_lease(p_resource, p_expected_revision);
+    l := @schema@._lock_lease(p_resource);
     PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation, p_token_sha256);
+    PERFORM @schema@._check_revision(p_resource, p_expected_revision);
     v_now := coalesce(p_now, clock_timestamp());
     UPDATE @schema@.leases SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL,
         expires_at = NULL, heartbeat_at = v_now
@@ -214,18 +223,22 @@ DECLARE
     v_now timestamptz;
     v_body text;
 BEGIN
-    l := @schema@._lock_lease(p_resource, p_expected_revision);
+    l := @schema@._lock_lease(p_resource);
     v_now := coalesce(p_now, clock_timestamp());
     IF p_token_sha256 IS NOT NULL THEN
         PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation,
                                         p_token_sha256);
+        PERFORM @schema@._check_revision(p_resource, p_expected_revision);
         IF l.expires_at <= v_now THEN
             RAISE EXCEPTION 'lease generation % on % expired at %', l.generation, p_resource,
                 l.expires_at USING ERRCODE = 'PGL04';
         END IF;
         p_actor_type := p_owner_type;
         p_actor_id := p_owner_id;
-    ELSIF l.owner_id IS NOT NULL AND l.expires_at > v_now THEN
+    ELSE
+        PERFORM @schema@._check_revision(p_resource, p_expected_revision);
+    END IF;
+    IF p_token_sha256 IS NULL AND l.owner_id IS NOT NULL AND l.expires_at > v_now THEN
         RAISE EXCEPTION 'resource % is leased by %:% (generation %) until %; unleased writes are refused',
             p_resource, l.owner_type, l.owner_id, l.generation, l.expires_at
             USING ERRCODE = 'PGL05';
