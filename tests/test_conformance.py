@@ -72,8 +72,16 @@ def test_ensure_resource_is_deterministic_idempotent_and_silent(backend: Backend
 
 @pytest.mark.parametrize(
     "rtype",
-    ["run", "session", "decision", "controller", "effect", "channel", "notification",
-     "turn_intent"],
+    [
+        "run",
+        "session",
+        "decision",
+        "controller",
+        "effect",
+        "channel",
+        "notification",
+        "turn_intent",
+    ],
 )
 def test_pi_workflows_resource_types_work(backend: Backend, rtype: str) -> None:
     rid = backend.store.ensure_resource(rtype, "k")
@@ -138,7 +146,11 @@ def test_claim_grants_generation_and_bumps_revision(backend: Backend, rid: str) 
     assert state.lease.expires_at == claim.expires_at
     [event] = s.events(rid)
     assert (event.type, event.revision, event.actor, event.lease_generation) == (
-        "lease.claimed", 1, A, 1)
+        "lease.claimed",
+        1,
+        A,
+        1,
+    )
     assert event.lease_expires_at == claim.expires_at
 
 
@@ -233,8 +245,9 @@ def test_malformed_tokens_are_refused(backend: Backend, rid: str, token: Any) ->
     assert snapshot(backend, rid) == before
 
 
-@pytest.mark.parametrize("ttl", [0, -1, math.nan, math.inf, -math.inf, 1e12, 0.0001, "5", True,
-                                 None])
+@pytest.mark.parametrize(
+    "ttl", [0, -1, math.nan, math.inf, -math.inf, 1e12, 0.0001, "5", True, None]
+)
 def test_bad_ttls_are_refused(backend: Backend, rid: str, ttl: Any) -> None:
     s = backend.store
     with pytest.raises(InvalidTTLError):
@@ -248,9 +261,14 @@ def test_bad_ttls_are_refused(backend: Backend, rid: str, ttl: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "make_owner", [lambda: Owner("Host", "a"), lambda: Owner("host", ""),
-                   lambda: Owner("host", "a\x00"), lambda: Owner("host", "x" * 257),
-                   lambda: Owner.parse("hostonly")],
+    "make_owner",
+    [
+        lambda: Owner("Host", "a"),
+        lambda: Owner("host", ""),
+        lambda: Owner("host", "a\x00"),
+        lambda: Owner("host", "x" * 257),
+        lambda: Owner.parse("hostonly"),
+    ],
 )
 def test_bad_owners_are_refused(make_owner: Any) -> None:
     with pytest.raises(InvalidOwnerError):
@@ -316,13 +334,21 @@ def test_leased_mutation_commits_apply_with_the_event(backend: Backend, rid: str
     backend.side_table()
     claim = s.claim(rid, A, 30)
     assert claim is not None
-    result = s.mutate(Permit(rid, claim.revision, claim), "run.step",
-                      backend.insert_apply("v1"), {"b": 2, "a": [1, "x"]})
+    result = s.mutate(
+        Permit(rid, claim.revision, claim),
+        "run.step",
+        backend.insert_apply("v1"),
+        {"b": 2, "a": [1, "x"]},
+    )
     assert (result.revision, result.value) == (2, "ok")
     assert backend.side_rows() == ["v1"]
     event = s.events(rid)[-1]
     assert (event.type, event.revision, event.actor, event.lease_generation) == (
-        "run.step", 2, A, 1)
+        "run.step",
+        2,
+        A,
+        1,
+    )
     assert event.payload == {"a": [1, "x"], "b": 2}
     assert event.id == result.event_id
 
@@ -369,8 +395,12 @@ def test_failing_apply_rolls_everything_back(backend: Backend, rid: str) -> None
     before = snapshot(backend, rid)
     payloads_before = backend.payload_count()
     with pytest.raises(RuntimeError, match="on purpose"):
-        s.mutate(Permit(rid, 1, claim), "run.step", backend.failing_apply("gone"),
-                 {"unique": "payload-that-must-not-stay"})
+        s.mutate(
+            Permit(rid, 1, claim),
+            "run.step",
+            backend.failing_apply("gone"),
+            {"unique": "payload-that-must-not-stay"},
+        )
     assert snapshot(backend, rid) == before
     assert backend.side_rows() == []
     assert backend.payload_count() == payloads_before
@@ -391,21 +421,27 @@ def test_payloads_are_canonical_and_stored_once(backend: Backend, rid: str) -> N
 
 @pytest.mark.parametrize(
     ("payload", "error"),
-    [({"x": math.nan}, InvalidPayloadError), ({"x": math.inf}, InvalidPayloadError),
-     ({"x": object()}, InvalidPayloadError), ({"x": {1, 2}}, InvalidPayloadError),
-     ({"s": "\udc80"}, InvalidPayloadError),
-     ({"big": "x" * MAX_PAYLOAD_BYTES}, PayloadTooLargeError)],
+    [
+        ({"x": math.nan}, InvalidPayloadError),
+        ({"x": math.inf}, InvalidPayloadError),
+        ({"x": object()}, InvalidPayloadError),
+        ({"x": {1, 2}}, InvalidPayloadError),
+        ({"s": "\udc80"}, InvalidPayloadError),
+        ({"big": "x" * MAX_PAYLOAD_BYTES}, PayloadTooLargeError),
+    ],
 )
-def test_bad_payloads_are_refused(backend: Backend, rid: str, payload: Any,
-                                  error: type[Exception]) -> None:
+def test_bad_payloads_are_refused(
+    backend: Backend, rid: str, payload: Any, error: type[Exception]
+) -> None:
     with pytest.raises(error):
         backend.store.mutate(Permit(rid, 0), "run.step", payload=payload)
     assert snapshot(backend, rid) == (0, 0, 0)
     assert backend.payload_count() == 0
 
 
-@pytest.mark.parametrize("etype", ["", "Run.step", "run..step", "run.", "lease.claimed",
-                                   "lease.custom", "x" * 129, None])
+@pytest.mark.parametrize(
+    "etype", ["", "Run.step", "run..step", "run.", "lease.claimed", "lease.custom", "x" * 129, None]
+)
 def test_bad_event_types_are_refused(backend: Backend, rid: str, etype: Any) -> None:
     with pytest.raises(InvalidEventTypeError):
         backend.store.mutate(Permit(rid, 0), etype)
@@ -424,7 +460,11 @@ def test_every_change_has_exactly_one_event(backend: Backend, rid: str) -> None:
     s.release(claim)
     events = s.events(rid)
     assert [(e.revision, e.type) for e in events] == [
-        (1, "lease.claimed"), (2, "lease.renewed"), (3, "run.step"), (4, "lease.released")]
+        (1, "lease.claimed"),
+        (2, "lease.renewed"),
+        (3, "run.step"),
+        (4, "lease.released"),
+    ]
     assert s.get(rid).revision == 4
     assert [e.revision for e in s.events(rid, after_revision=2)] == [3, 4]
     assert [e.revision for e in s.events(rid, limit=1)] == [1]

@@ -38,8 +38,9 @@ def test_only_the_token_hash_is_stored(pg_store: PostgresStore, pg_dsn: str, sch
     claim = pg_store.claim(rid, Owner("host", "a"), 30)
     assert claim is not None
     [row] = sql(pg_dsn, f"SELECT * FROM {schema}.leases")
-    assert hashlib.sha256(claim.token.encode()).digest() in [bytes(v) for v in row
-                                                               if isinstance(v, bytes)]
+    assert hashlib.sha256(claim.token.encode()).digest() in [
+        bytes(v) for v in row if isinstance(v, bytes)
+    ]
     assert claim.token not in repr(row)
     assert claim.token not in repr(claim)
 
@@ -104,7 +105,10 @@ def test_unknown_applied_migration_is_refused(pg_dsn: str, schema: str) -> None:
 def _spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests._workers", *args],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -124,8 +128,9 @@ def test_processes_racing_for_one_resource(
 ) -> None:
     rid = pg_store.ensure_resource("controller", "hot")
     start_at = str(time.time() + 1.5)
-    procs = [_spawn("race", pg_dsn, schema, rid, f"p{i}", "2.0", start_at)
-             for i in range(processes)]
+    procs = [
+        _spawn("race", pg_dsn, schema, rid, f"p{i}", "2.0", start_at) for i in range(processes)
+    ]
     won: dict[int, str] = {}
     for i, proc in enumerate(procs):
         out, err = proc.communicate(timeout=60)

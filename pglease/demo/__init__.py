@@ -1,0 +1,1 @@
+"""`pglease demo`: a small fleet of real host processes contending for resources."""
