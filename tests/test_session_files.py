@@ -501,7 +501,10 @@ def test_branch_scan_options(repo: SessionRepository) -> None:
 
 
 def test_lease_claim_takeover_and_loss(tmp_path: Path, clock: Clock) -> None:
-    first_repo = SessionRepository(tmp_path, renew_interval=None, now_ms=clock)
+    lost: list[str] = []
+    first_repo = SessionRepository(
+        tmp_path, renew_interval=None, now_ms=clock, on_lost=lambda h: lost.append(h.owner_id)
+    )
     second_repo = SessionRepository(tmp_path, renew_interval=None, now_ms=clock)
     first = first_repo.create("L")
     first.append_message(None, msg("a"), id="a")
@@ -522,6 +525,7 @@ def test_lease_claim_takeover_and_loss(tmp_path: Path, clock: Clock) -> None:
     with pytest.raises(WriterLeaseLostError, match="writer lease was lost"):
         first.append_message("a", msg("late"))
     assert first.lost.is_set()
+    assert lost == [first.owner_id]
     with pytest.raises(WriterLeaseLostError):
         first.get_entry("a")  # the handle refuses all further work
     with pytest.raises(WriterLeaseLostError):

@@ -133,7 +133,9 @@ class SessionRepository:
 
     `lease_seconds` / `renew_interval` set the writer lease of handles this
     repository opens (30 s / 15 s; `renew_interval=None` disables the background
-    renewal). `now_ms` is the clock for lease expiry and timestamps.
+    renewal). `now_ms` is the clock for lease expiry and timestamps. `on_lost`
+    is called (from the renewing thread or the caller) when a handle's lease
+    is found lost; each handle also exposes a `lost` event.
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class SessionRepository:
         lease_seconds: float = 30.0,
         renew_interval: float | None = 15.0,
         now_ms: NowMs | None = None,
+        on_lost: Callable[[SqliteSession], None] | None = None,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -156,6 +159,7 @@ class SessionRepository:
         self.lease_seconds = lease_seconds
         self.renew_interval = renew_interval
         self.now_ms: NowMs = now_ms or wall_clock_ms
+        self.on_lost = on_lost
         self._lock = threading.Lock()
         self._open: dict[str, SqliteSession] = {}
 
@@ -189,6 +193,7 @@ class SessionRepository:
             renew_interval=self.renew_interval,
             now_ms=self.now_ms,
             on_close=self._forget,
+            on_lost=self.on_lost,
         )
         with self._lock:
             self._open[session_id] = handle

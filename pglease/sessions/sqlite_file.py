@@ -8,7 +8,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,7 @@ def check_tables(conn: sqlite3.Connection, path: Path) -> None:
         raise SessionCorruptError(f"session file {path} is missing table(s): {', '.join(missing)}")
 
 
-def read_session_row(conn: sqlite3.Connection, path: Path) -> sqlite3.Row | tuple[Any, ...]:
+def read_session_row(conn: sqlite3.Connection, path: Path) -> tuple[Any, ...]:
     """The single session row, after the table, row-count and version checks:
     (created_at, parent_session_id, storage_version, metadata, message_count,
     usage_payload, next_seq)."""
@@ -133,7 +133,7 @@ def read_session_row(conn: sqlite3.Connection, path: Path) -> sqlite3.Row | tupl
         )
     if not isinstance(row[6], int) or not isinstance(row[4], int):
         raise SessionCorruptError(f"session file {path} has a malformed session row")
-    return row  # type: ignore[no-any-return]
+    return tuple(row)
 
 
 def read_lease(conn: sqlite3.Connection) -> LeaseInfo | None:
@@ -602,7 +602,7 @@ class SqliteSession:
         self,
         type: str,
         parent_id: str | None,
-        payload: dict[str, Any] | None = None,
+        payload: Mapping[str, Any] | None = None,
         *,
         custom_type: str | None = None,
         id: str | None = None,
@@ -643,11 +643,17 @@ class SqliteSession:
         id: str | None = None,
     ) -> UsageRow:
         result = self.commit([AddUsage(usage, entry_id, adjustment, details, id)])
-        usage_id = result.ids[0] or ""
-        for row in self.usage_rows():
-            if row.id == usage_id:
-                return row
-        raise SessionCorruptError(f"usage row {usage_id} vanished")  # pragma: no cover
+        with self._lock:
+            row = (
+                self._usable()
+                .execute(
+                    "SELECT id, seq, entry_id, adjustment, usage, details FROM usage_ledger"
+                    " WHERE id = ?",
+                    (result.ids[0],),
+                )
+                .fetchone()
+            )
+        return UsageRow(row[0], row[1], row[2], bool(row[3]), row[4], row[5])
 
     # -- reads --
 
