@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -574,6 +575,21 @@ def test_background_renewal_keeps_lease(tmp_path: Path) -> None:
     other.open("bg").close()
     with pytest.raises(InvalidSessionWriteError):
         SessionRepository(tmp_path, lease_seconds=1, renew_interval=2)
+
+
+def test_dropped_handle_stops_renewing(tmp_path: Path) -> None:
+    import gc
+    import time
+
+    holder = SessionRepository(tmp_path, lease_seconds=0.5, renew_interval=0.1)
+    session = holder.create("dropped")
+    thread_count = threading.active_count()
+    del session
+    gc.collect()
+    time.sleep(0.8)
+    assert threading.active_count() < thread_count
+    with SessionRepository(tmp_path).open("dropped") as again:
+        assert again.fence == 2
 
 
 # --- repository -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import re
 import secrets
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,7 +162,8 @@ class SessionRepository:
         self.now_ms: NowMs = now_ms or wall_clock_ms
         self.on_lost = on_lost
         self._lock = threading.Lock()
-        self._open: dict[str, SqliteSession] = {}
+        # weak: a handle the caller dropped stops renewing and its lease expires
+        self._open: weakref.WeakValueDictionary[str, SqliteSession] = weakref.WeakValueDictionary()
 
     @property
     def _lease_ms(self) -> int:

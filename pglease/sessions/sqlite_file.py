@@ -8,6 +8,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -330,6 +331,32 @@ def _check_text(value: object, what: str, *, allow_empty: bool) -> str:
 # --- the handle -------------------------------------------------------------------------------
 
 
+def _renew_loop(ref: weakref.ref[SqliteSession], stop: threading.Event, interval: float) -> None:
+    """Background renewal. Holds the handle only weakly: a forgotten handle's
+    lease simply expires. Warns when a beat comes late (GIL, GC, busy file)."""
+    last = time.monotonic()
+    while not stop.wait(interval):
+        handle = ref()
+        if handle is None:
+            return
+        try:
+            handle.renew()
+            now = time.monotonic()
+            if now - last > interval * 1.5:
+                log.warning(
+                    "session %s: lease renewal came %.3f s late",
+                    handle.id,
+                    now - last - interval,
+                )
+            last = now
+        except (WriterLeaseLostError, SessionClosedError):
+            return
+        except sqlite3.Error as exc:  # busy or I/O: try again next beat
+            log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
+        finally:
+            del handle
+
+
 class SqliteSession:
     """A writer handle on one session file, holding its writer lease.
 
@@ -369,8 +396,8 @@ class SqliteSession:
         self._thread: threading.Thread | None = None
         if renew_interval is not None:
             self._thread = threading.Thread(
-                target=self._renew_loop,
-                args=(renew_interval,),
+                target=_renew_loop,
+                args=(weakref.ref(self), self._stop, renew_interval),
                 name=f"pglease-session-renew-{session_id}",
                 daemon=True,
             )
@@ -447,15 +474,6 @@ class SqliteSession:
             conn = self._usable()
             with transaction(conn):
                 self._renew_in_transaction(conn, self._now_ms())
-
-    def _renew_loop(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                self.renew()
-            except (WriterLeaseLostError, SessionClosedError):
-                return
-            except sqlite3.Error as exc:  # busy or I/O: try again next beat
-                log.warning("session %s: lease renewal failed, will retry: %s", self._id, exc)
 
     def close(self) -> None:
         """Stop renewing, release the lease (if still ours) and close the file."""
