@@ -147,3 +147,80 @@ class PostgresBackend(Backend):
         self.store.close()
         if self._loop is not None:
             self._loop.close()
+
+
+class SqliteBackend(Backend):
+    """`SqliteStore` / `AsyncSqliteStore` on a fresh file; `apply` gets a sqlite3 connection."""
+
+    def __init__(self, path: str, *, is_async: bool) -> None:
+        from pglease.sqlite import AsyncSqliteStore, SqliteStore
+
+        self.path = path
+        self.is_async = is_async
+        self.name = "sqlite-async" if is_async else "sqlite"
+        if is_async:
+            self._loop: LoopThread | None = LoopThread()
+            astore = self._loop.run(AsyncSqliteStore.open(path))
+            self.store = AsyncBridge(astore, self._loop)
+        else:
+            self._loop = None
+            self.store = SqliteStore(path)
+
+    def _query(self, text: str) -> list[Any]:
+        import sqlite3
+
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            return conn.execute(text).fetchall()
+        finally:
+            conn.close()
+
+    def side_table(self) -> None:
+        self._query("CREATE TABLE side (value TEXT PRIMARY KEY)")
+
+    def insert_apply(self, value: str) -> Callable[..., Any]:
+        import sqlite3
+
+        query = "INSERT INTO side (value) VALUES (?)"
+        if self.is_async:
+
+            async def apply_async(conn: sqlite3.Connection) -> str:
+                conn.execute(query, (value,))
+                return "ok"
+
+            return apply_async
+
+        def apply(conn: sqlite3.Connection) -> str:
+            conn.execute(query, (value,))
+            return "ok"
+
+        return apply
+
+    def failing_apply(self, value: str) -> Callable[..., Any]:
+        import sqlite3
+
+        insert = self.insert_apply(value)
+        if self.is_async:
+
+            async def fail_async(conn: sqlite3.Connection) -> str:
+                await insert(conn)
+                raise RuntimeError("apply failed on purpose")
+
+            return fail_async
+
+        def fail(conn: sqlite3.Connection) -> str:
+            insert(conn)
+            raise RuntimeError("apply failed on purpose")
+
+        return fail
+
+    def side_rows(self) -> list[str]:
+        return [r[0] for r in self._query("SELECT value FROM side ORDER BY value")]
+
+    def payload_count(self) -> int:
+        return int(self._query("SELECT count(*) FROM payloads")[0][0])
+
+    def close(self) -> None:
+        self.store.close()
+        if self._loop is not None:
+            self._loop.close()

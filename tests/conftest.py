@@ -87,7 +87,7 @@ async def apg_store(pg_dsn: str, schema: str) -> AsyncIterator[AsyncPostgresStor
 
 
 #: Every backend the conformance suite runs against.
-BACKENDS = ["postgres", "postgres-async"]
+BACKENDS = ["postgres", "postgres-async", "sqlite", "sqlite-async"]
 
 
 def make_backend(name: str, request: pytest.FixtureRequest) -> Backend:
@@ -95,6 +95,11 @@ def make_backend(name: str, request: pytest.FixtureRequest) -> Backend:
         dsn = request.getfixturevalue("pg_dsn")
         schema = request.getfixturevalue("schema")
         return PostgresBackend(dsn, schema, is_async=name.endswith("-async"))
+    if name in ("sqlite", "sqlite-async"):
+        from .backends import SqliteBackend
+
+        path = request.getfixturevalue("tmp_path") / "store.db"
+        return SqliteBackend(str(path), is_async=name.endswith("-async"))
     raise ValueError(f"unknown backend {name}")
 
 

@@ -1,0 +1,184 @@
+"""`AsyncSqliteStore`: the asyncio twin of `SqliteStore` (same names and semantics).
+
+sqlite3 blocks, so every call runs the `SqliteStore` method in a worker thread
+and the event loop stays free while a call waits for the file's write lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any, TypeVar
+
+from ..errors import PgleaseError
+from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
+from ._db import DEFAULT_BUSY_TIMEOUT, check_busy_timeout, check_path
+from .store import SqliteStore
+
+T = TypeVar("T")
+AsyncApply = Callable[[sqlite3.Connection], Awaitable[T]]
+
+
+class AsyncSqliteStore:
+    """Asyncio lease store on one SQLite file. Open with
+    ``await AsyncSqliteStore.open(path)`` or ``async with AsyncSqliteStore(path) as store``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        auto_migrate: bool = True,
+    ) -> None:
+        self.path = check_path(path)
+        self.busy_timeout = check_busy_timeout(busy_timeout)
+        self._auto_migrate = auto_migrate
+        self._sync: SqliteStore | None = None
+
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str], **kwargs: Any) -> AsyncSqliteStore:
+        store = cls(path, **kwargs)
+        await store._open()
+        return store
+
+    async def _open(self) -> None:
+        if self._sync is None:
+            self._sync = await asyncio.to_thread(
+                SqliteStore,
+                self.path,
+                busy_timeout=self.busy_timeout,
+                auto_migrate=self._auto_migrate,
+            )
+
+    async def __aenter__(self) -> AsyncSqliteStore:
+        await self._open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._sync is not None:
+            store, self._sync = self._sync, None
+            await asyncio.to_thread(store.close)
+
+    @property
+    def sync_store(self) -> SqliteStore:
+        """The blocking store doing the work (raises if the store is not open)."""
+        if self._sync is None:
+            raise PgleaseError("the store is not open (use `await AsyncSqliteStore.open()`)")
+        return self._sync
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[sqlite3.Connection]:
+        """Borrow an autocommit connection; its calls block, keep them short."""
+        with self.sync_store.connection() as conn:
+            yield conn
+
+    async def migrate(self) -> list[str]:
+        return await asyncio.to_thread(self.sync_store.migrate)
+
+    async def ensure_resource(self, resource_type: str, key: str) -> str:
+        return await asyncio.to_thread(self.sync_store.ensure_resource, resource_type, key)
+
+    async def claim(
+        self,
+        resource_id: str,
+        owner: Owner,
+        ttl: float,
+        expected_revision: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> Claim | None:
+        return await asyncio.to_thread(
+            self.sync_store.claim, resource_id, owner, ttl, expected_revision, now=now
+        )
+
+    async def renew(
+        self,
+        claim: Claim,
+        ttl: float,
+        expected_revision: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> Claim:
+        return await asyncio.to_thread(
+            self.sync_store.renew, claim, ttl, expected_revision, now=now
+        )
+
+    async def release(
+        self, claim: Claim, expected_revision: int | None = None, *, now: datetime | None = None
+    ) -> int:
+        return await asyncio.to_thread(self.sync_store.release, claim, expected_revision, now=now)
+
+    async def mutate(
+        self,
+        permit: Permit,
+        event_type: str,
+        apply: AsyncApply[T] | None = None,
+        payload: Any = None,
+        *,
+        actor: Owner | None = None,
+        now: datetime | None = None,
+    ) -> MutationResult:
+        """Like `SqliteStore.mutate`; `apply` is ``async def apply(conn)``.
+
+        The transaction runs in a worker thread; `apply` runs on this event loop
+        with the same connection while the thread waits, so its SQL commits
+        atomically with the revision bump and the event. Cancelling the call
+        before `apply` has finished rolls the transaction back; once COMMIT has
+        started it completes and the caller just does not see the result.
+        """
+        store = self.sync_store
+        if apply is None:
+            return await asyncio.to_thread(
+                store.mutate, permit, event_type, None, payload, actor=actor, now=now
+            )
+        loop = asyncio.get_running_loop()
+        cancelled = threading.Event()
+        running: list[Future[T]] = []
+        run_apply = apply
+
+        def bridge(conn: sqlite3.Connection) -> T:
+            if cancelled.is_set():
+                raise asyncio.CancelledError
+            future = asyncio.run_coroutine_threadsafe(_call(run_apply, conn), loop)
+            running.append(future)
+            return future.result()
+
+        try:
+            return await asyncio.to_thread(
+                store.mutate, permit, event_type, bridge, payload, actor=actor, now=now
+            )
+        except asyncio.CancelledError:
+            # The worker thread cannot be interrupted, but it can be told to roll back.
+            cancelled.set()
+            for future in running:
+                future.cancel()
+            raise
+
+    async def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
+        return await asyncio.to_thread(self.sync_store.get, resource_id, now=now)
+
+    async def list_resources(
+        self, resource_type: str | None = None, *, now: datetime | None = None
+    ) -> list[ResourceState]:
+        return await asyncio.to_thread(self.sync_store.list_resources, resource_type, now=now)
+
+    async def events(
+        self, resource_id: str, after_revision: int = 0, limit: int = 1000
+    ) -> list[Event]:
+        return await asyncio.to_thread(self.sync_store.events, resource_id, after_revision, limit)
+
+    async def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
+        return await asyncio.to_thread(self.sync_store.events_after, cursor, limit)
+
+
+async def _call(apply: AsyncApply[T], conn: sqlite3.Connection) -> T:
+    return await apply(conn)
