@@ -6,42 +6,39 @@ semantics cannot drift apart.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from ..cursors import Position, encode_cursor
+# Backend-neutral helpers live in `pglease._common`; re-exported here so existing
+# imports (`_core.claim_args`, ...) keep working.
+from .._common import MAX_EVENT_PAGE as MAX_EVENT_PAGE
+from .._common import check_claim as _check_claim  # noqa: F401
+from .._common import check_limit
+from .._common import check_now as check_now
+from .._common import claim_args as claim_args
+from .._common import ensure_args as ensure_args
+from .._common import events_of_args as events_of_args
+from .._common import mutate_args as mutate_args
+from .._common import parse_event as parse_event
+from .._common import parse_resource as parse_resource
+from .._common import release_args as release_args
+from .._common import renew_args as renew_args
+from ..cursors import Position
 from ..errors import (
     LeaseExpiredError,
     LeaseLostError,
-    LeaseMismatchError,
     PayloadConflictError,
     PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
     UnknownResourceError,
-    ValidationError,
 )
-from ..ids import new_token, token_hash
-from ..payloads import canonical_payload
-from ..types import Claim, Event, LeaseState, Owner, Permit, ResourceState
-from ..validation import (
-    check_event_type,
-    check_key,
-    check_optional_revision,
-    check_resource_id,
-    check_resource_type,
-    check_revision,
-    check_token,
-    check_ttl,
-)
+from ..types import Claim, Owner
 
 DEFAULT_SCHEMA = "pglease"
-MAX_EVENT_PAGE = 10_000
 
 _ERRORS: dict[str, type[PgleaseError]] = {
     "PGL01": UnknownResourceError,
@@ -122,161 +119,11 @@ class Queries:
         )
 
 
-def check_now(now: datetime | None) -> datetime | None:
-    if now is not None and (not isinstance(now, datetime) or now.tzinfo is None):
-        raise ValidationError("now must be a timezone-aware datetime")
-    return now
-
-
-def check_limit(limit: int) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_EVENT_PAGE:
-        raise ValidationError(f"limit must be an int between 1 and {MAX_EVENT_PAGE}")
-    return limit
-
-
-def ensure_args(resource_type: str, key: str) -> tuple[str, str]:
-    return check_resource_type(resource_type), check_key(key)
-
-
-def claim_args(
-    resource_id: str,
-    owner: Owner,
-    ttl: float,
-    expected_revision: int | None,
-    now: datetime | None,
-) -> tuple[str, list[Any]]:
-    check_resource_id(resource_id)
-    if not isinstance(owner, Owner):
-        raise ValidationError(f"owner must be an Owner, got {type(owner).__name__}")
-    token = new_token()
-    args = [
-        resource_id,
-        owner.type,
-        owner.id,
-        token_hash(token),
-        check_ttl(ttl),
-        check_optional_revision(expected_revision),
-        check_now(now),
-    ]
-    return token, args
-
-
 def parse_claim(resource_id: str, owner: Owner, token: str, row: Sequence[Any]) -> Claim | None:
     claimed, generation, expires_at, revision, _holder_type, _holder_id = row
     if not claimed:
         return None
     return Claim(resource_id, owner, token, generation, expires_at, revision)
-
-
-def _check_claim(claim: Claim) -> Claim:
-    if not isinstance(claim, Claim):
-        raise ValidationError(f"expected a Claim, got {type(claim).__name__}")
-    check_resource_id(claim.resource_id)
-    check_token(claim.token)
-    check_revision(claim.generation, "generation")
-    return claim
-
-
-def renew_args(
-    claim: Claim, ttl: float, expected_revision: int | None, now: datetime | None
-) -> list[Any]:
-    _check_claim(claim)
-    return [
-        claim.resource_id,
-        claim.owner.type,
-        claim.owner.id,
-        claim.generation,
-        token_hash(claim.token),
-        check_ttl(ttl),
-        check_optional_revision(expected_revision),
-        check_now(now),
-    ]
-
-
-def release_args(claim: Claim, expected_revision: int | None, now: datetime | None) -> list[Any]:
-    _check_claim(claim)
-    return [
-        claim.resource_id,
-        claim.owner.type,
-        claim.owner.id,
-        claim.generation,
-        token_hash(claim.token),
-        check_optional_revision(expected_revision),
-        check_now(now),
-    ]
-
-
-def mutate_args(
-    permit: Permit,
-    event_type: str,
-    payload: Any,
-    actor: Owner | None,
-    now: datetime | None,
-) -> list[Any]:
-    if not isinstance(permit, Permit):
-        raise ValidationError(f"expected a Permit, got {type(permit).__name__}")
-    check_resource_id(permit.resource_id)
-    check_revision(permit.expected_revision)
-    check_event_type(event_type)
-    if actor is not None and not isinstance(actor, Owner):
-        raise ValidationError(f"actor must be an Owner, got {type(actor).__name__}")
-    lease = permit.lease
-    if lease is not None:
-        _check_claim(lease)
-        if lease.resource_id != permit.resource_id:
-            raise LeaseMismatchError(
-                f"the permit is for {permit.resource_id} but its lease is on {lease.resource_id}"
-            )
-    body = None if payload is None else canonical_payload(payload).text
-    return [
-        permit.resource_id,
-        permit.expected_revision,
-        event_type,
-        lease.owner.type if lease else None,
-        lease.owner.id if lease else None,
-        lease.generation if lease else None,
-        token_hash(lease.token) if lease else None,
-        actor.type if actor else None,
-        actor.id if actor else None,
-        body,
-        check_now(now),
-    ]
-
-
-def parse_resource(row: Sequence[Any]) -> ResourceState:
-    (rid, rtype, key, revision, created, updated, generation, otype, oid, acquired, heartbeat,
-     expires, held) = row
-    owner = Owner(otype, oid) if oid is not None else None
-    lease = LeaseState(generation, owner, acquired, heartbeat, expires, bool(held))
-    return ResourceState(rid, rtype, key, revision, created, updated, lease)
-
-
-def parse_event(row: Sequence[Any]) -> Event:
-    (event_id, xid, rid, rtype, key, revision, etype, atype, aid, generation, lease_expires, body,
-     sha, created) = row
-    return Event(
-        id=event_id,
-        cursor=encode_cursor(Position(int(xid), event_id)),
-        resource_id=rid,
-        resource_type=rtype,
-        resource_key=key,
-        revision=revision,
-        type=etype,
-        actor=Owner(atype, aid) if aid is not None else None,
-        lease_generation=generation,
-        lease_expires_at=lease_expires,
-        payload=json.loads(body) if body is not None else None,
-        payload_sha256=bytes(sha) if sha is not None else None,
-        created_at=created,
-    )
-
-
-def events_of_args(resource_id: str, after_revision: int, limit: int) -> list[Any]:
-    return [
-        check_resource_id(resource_id),
-        check_revision(after_revision, "after_revision"),
-        check_limit(limit),
-    ]
 
 
 def events_after_args(position: Position, limit: int) -> list[Any]:
