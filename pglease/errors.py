@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConflictError",
+    "DatabaseUnavailableError",
     "EmbeddedPostgresError",
     "InvalidCursorError",
     "InvalidEventTypeError",
@@ -149,3 +150,29 @@ class MigrationChecksumError(MigrationError):
 
 class EmbeddedPostgresError(PgleaseError):
     """The embedded PostgreSQL server could not be started."""
+
+
+class DatabaseUnavailableError(PgleaseError):
+    """PostgreSQL could not be reached (bad DSN, server down, auth refused)."""
+
+
+# --- watchers -------------------------------------------------------------------
+
+
+class WatchError(PgleaseError):
+    """A watcher cannot continue."""
+
+
+class CursorExpiredError(WatchError):
+    """The cursor is older than the pruned horizon: events after it were deleted.
+
+    Like etcd after a compaction: the watcher must resync (for example list the
+    resources and watch from ``"now"``); resuming silently would lose events.
+    """
+
+
+class WatchClosedError(WatchError):
+    """The watcher was closed."""
+
+
+__all__ += ["CursorExpiredError", "WatchClosedError", "WatchError"]

@@ -72,11 +72,20 @@ BEGIN
 END $$;
 
 -- Lock the lease row first in every writing function: one lock order, no deadlocks.
+--
+-- Before the row lock, queue on a transaction-scoped advisory lock keyed by the
+-- resource. An advisory lock needs no transaction id, while a row lock takes one
+-- before it waits, and row-lock waiters are not served strictly in arrival
+-- order. Queueing first means a resource's writers obtain their xids in the
+-- order they write, so (xid, id) order -- the order readers consume the log in --
+-- is also revision order for every resource. (A hash collision between two
+-- resources only makes them queue together.)
 CREATE FUNCTION @schema@._lock_lease(p_resource text)
 RETURNS @schema@.leases LANGUAGE plpgsql AS $$
 DECLARE
     l @schema@.leases%ROWTYPE;
 BEGIN
+    PERFORM pg_advisory_xact_lock(1886152037, hashtext(p_resource));
     SELECT * INTO l FROM @schema@.leases WHERE resource_id = p_resource FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown resource %', p_resource USING ERRCODE = 'PGL01';

@@ -159,3 +159,12 @@ def test_processes_racing_for_one_resource(
         elif event.type == "lease.released":
             holder_until = None
     assert [e.revision for e in events] == list(range(1, len(events) + 1))
+    # Readers consume the log in (xid, id) order; under contention that must still be
+    # revision order per resource, or a watcher would see revision n+1 before n.
+    rows = sql(
+        pg_dsn,
+        f"SELECT xid::text::numeric FROM {schema}.events WHERE resource_id = %s ORDER BY revision",
+        [rid],
+    )
+    xids = [r[0] for r in rows]
+    assert xids == sorted(xids)

@@ -28,6 +28,7 @@ from .._common import release_args as release_args
 from .._common import renew_args as renew_args
 from ..cursors import Position
 from ..errors import (
+    DatabaseUnavailableError,
     LeaseExpiredError,
     LeaseLostError,
     PayloadConflictError,
@@ -48,6 +49,11 @@ _ERRORS: dict[str, type[PgleaseError]] = {
     "PGL05": ResourceLeasedError,
     "PGL06": PayloadConflictError,
 }
+
+
+def unavailable(exc: psycopg.OperationalError) -> DatabaseUnavailableError:
+    first_line = (str(exc).strip().splitlines() or ["no detail"])[-1]
+    return DatabaseUnavailableError(f"cannot connect to PostgreSQL: {first_line}")
 
 
 def translate(exc: psycopg.Error) -> PgleaseError | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -37,6 +38,7 @@ class AsyncPostgresStore:
         min_size: int = 1,
         max_size: int = 16,
         auto_migrate: bool = True,
+        connect_timeout: float = 10.0,
     ) -> None:
         self.schema = check_schema_name(schema)
         self._dsn = dsn
@@ -44,6 +46,7 @@ class AsyncPostgresStore:
         self._min_size = min_size
         self._max_size = max_size
         self._auto_migrate = auto_migrate
+        self._connect_timeout = connect_timeout
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
 
     @classmethod
@@ -57,6 +60,15 @@ class AsyncPostgresStore:
             return
         # Starting the embedded server blocks for about a second: keep the loop free.
         self.dsn = await asyncio.to_thread(resolve_dsn, self._dsn)
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                self.dsn, autocommit=True, connect_timeout=math.ceil(self._connect_timeout)
+            )
+        except psycopg.OperationalError as exc:
+            raise _core.unavailable(exc) from exc
+        async with conn:
+            if self._auto_migrate:
+                await migrate_async(conn, self.schema)
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             self.dsn,
             min_size=self._min_size,
@@ -65,14 +77,8 @@ class AsyncPostgresStore:
             open=False,
             name=f"pglease-{self.schema}",
         )
-        await pool.open(wait=True)
+        await pool.open(wait=True, timeout=self._connect_timeout)
         self._pool = pool
-        try:
-            if self._auto_migrate:
-                await self.migrate()
-        except BaseException:
-            await self.close()
-            raise
 
     async def __aenter__(self) -> AsyncPostgresStore:
         await self._open()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -40,10 +41,21 @@ class PostgresStore:
         min_size: int = 1,
         max_size: int = 16,
         auto_migrate: bool = True,
+        connect_timeout: float = 10.0,
     ) -> None:
         self.schema = check_schema_name(schema)
         self.dsn = resolve_dsn(dsn)
         self._q = Queries(schema)
+        # One direct connection first: a bad DSN or a down server fails fast with
+        # one clear error instead of a pool retrying in the background.
+        try:
+            with psycopg.connect(
+                self.dsn, autocommit=True, connect_timeout=math.ceil(connect_timeout)
+            ) as conn:
+                if auto_migrate:
+                    migrate(conn, self.schema)
+        except psycopg.OperationalError as exc:
+            raise _core.unavailable(exc) from exc
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self.dsn,
             min_size=min_size,
@@ -52,13 +64,7 @@ class PostgresStore:
             open=False,
             name=f"pglease-{schema}",
         )
-        self._pool.open(wait=True)
-        try:
-            if auto_migrate:
-                self.migrate()
-        except BaseException:
-            self._pool.close()
-            raise
+        self._pool.open(wait=True, timeout=connect_timeout)
 
     def __enter__(self) -> PostgresStore:
         return self
