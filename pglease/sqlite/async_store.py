@@ -150,6 +150,10 @@ class AsyncSqliteStore:
                 raise asyncio.CancelledError
             future = asyncio.run_coroutine_threadsafe(_call(run_apply, conn), loop)
             running.append(future)
+            # Checked after the append: a cancellation that set the flag before it
+            # did not see this future in `running`, so cancel it here.
+            if cancelled.is_set():
+                future.cancel()
             return future.result()
 
         try:
@@ -157,9 +161,10 @@ class AsyncSqliteStore:
                 store.mutate, permit, event_type, bridge, payload, actor=actor, now=now
             )
         except asyncio.CancelledError:
-            # The worker thread cannot be interrupted, but it can be told to roll back.
+            # The worker thread cannot be interrupted, but it can be told to roll back:
+            # set the flag first, then cancel whatever apply already runs.
             cancelled.set()
-            for future in running:
+            for future in list(running):
                 future.cancel()
             raise
 
