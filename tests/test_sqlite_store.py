@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pglease import (
+    DatabaseUnavailableError,
     InvalidCursorError,
     MigrationChecksumError,
     MigrationError,
@@ -153,7 +154,7 @@ def test_wall_clock_is_used_without_now(store: SqliteStore) -> None:
 
 
 def test_bad_paths_and_settings_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(SqliteFileError):
+    with pytest.raises(DatabaseUnavailableError, match="cannot open SQLite file"):
         SqliteStore(tmp_path / "missing" / "dir" / "x.db")
     with pytest.raises(SqliteFileError):
         SqliteStore(tmp_path)  # a directory

@@ -12,7 +12,13 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from ..errors import MigrationChecksumError, MigrationError, PgleaseError, ValidationError
+from ..errors import (
+    DatabaseUnavailableError,
+    MigrationChecksumError,
+    MigrationError,
+    PgleaseError,
+    ValidationError,
+)
 from ..migrations import Migration, load_migrations
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -24,8 +30,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-class SqliteFileError(PgleaseError):
-    """The SQLite file cannot be opened or used as a pglease store."""
+class SqliteFileError(DatabaseUnavailableError):
+    """The SQLite file cannot be opened or used as a pglease store.
+
+    A `DatabaseUnavailableError`, like an unreachable PostgreSQL server, so
+    callers can handle both backends with one except clause."""
 
 
 # --- timestamps: integer microseconds since the epoch, so values round-trip exactly ---
