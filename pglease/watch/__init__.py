@@ -1,0 +1,114 @@
+"""Watchers: stream committed events gap-free over LISTEN/NOTIFY, with a poll fallback.
+
+Usage::
+
+    with Watcher(store, after=saved_cursor, types="run") as w:
+        for event in w:
+            handle(event)
+            save(event.cursor)          # restart with after=saved_cursor later
+
+    async with AsyncWatcher(astore, after="now") as w:
+        async for event in w: ...
+
+The event table is the truth; NOTIFY is only a wake-up hint.
+
+Reading rule (gap-free, no duplicate)
+    Readers take events in ``(xid, id)`` order, and only those with
+    ``xid < pg_snapshot_xmin(snapshot)``: every transaction below xmin has
+    finished, and every later transaction gets a larger xid, so the events
+    below xmin are a fixed prefix of the final order. A cursor is a position in
+    that order; "after cursor" can never skip an event committed late (out of
+    id order). Per resource, revision order agrees with that order because
+    revisions are bumped under the lease row lock; `_bump` refuses (40001) the
+    one case where it would not (a transaction that took its xid before the
+    lock).
+
+One reader per process
+    A `hub.Hub` per (dsn, schema, mode) owns one dedicated autocommit
+    connection (LISTEN in listen mode, never a pooled one), keeps a tip
+    position and reads after it; every `Watcher`/`AsyncWatcher` of the process
+    subscribes to it. A watcher resuming from an older cursor first catches up
+    with its own reads up to the position at which it joined the hub stream,
+    then drops from the stream whatever it already has. After a reconnect
+    (including a server restart) the hub re-LISTENs and reads from its tip.
+
+Coalesced NOTIFY (the hot-path cost)
+    NOTIFY takes a cluster-wide lock from pre-commit to the end of commit; one
+    NOTIFY per operation halves claim/release throughput. In `_bump` a writer
+    notifies only if it wins ``pg_try_advisory_xact_lock(K1)``, so at most one
+    in-flight writer notifies. A loser (a "skipper") instead takes K2 in
+    shared mode (``pg_try_advisory_xact_lock_shared``, held to its commit) and
+    does not notify; nobody ever waits for either lock. If even K2 is not free
+    (a watcher probe holds it for an instant) the writer notifies itself.
+
+Why no event is stranded
+    Each read (`watch_read`) first probes K2 (try-exclusive and release at
+    once: it fails while any skipper is in flight), then takes its snapshot.
+    The read is "held back" when the probe failed or the snapshot had a
+    transaction in progress (``xmin <> xmax``). While held back the hub
+    re-polls after 1 ms (doubling up to 50 ms while nothing changes);
+    otherwise it waits for a NOTIFY or the fallback interval (1 s default).
+
+    Take an event E of transaction X. (1) Any read that starts after X
+    obtained its xid and before E was read is held back: if X is a skipper
+    still in flight, the probe fails; otherwise X (or an older transaction
+    that holds E back) is in progress below the snapshot's xmax, or X has
+    finished and E is read. A skipper that finished before the probe
+    committed before the snapshot, so the snapshot sees E. So once such a read
+    happens, re-polls continue until E is delivered. (2) Such a read happens:
+    if X notified, its NOTIFY arrives after X committed; if X skipped, the
+    notifier N held K1 when X tried it, after X got its xid (`_bump` writes
+    first), and N's NOTIFY is sent when N commits. The one gap: N rolls back
+    after X skipped and no other write follows; then the fallback poll
+    (``interval``) delivers E. NOTIFYs lost while disconnected are covered by
+    the catch-up read after every (re)connect. So every committed event is
+    delivered within ``interval`` of becoming readable, and within a re-poll
+    delay (about a millisecond) in the common case.
+
+Poll-only mode
+    ``mode="poll"`` uses the same hub and reading rule without LISTEN (for
+    PgBouncer transaction pooling): reads every ``interval`` (50 ms default),
+    and re-polls as above while held back. Same guarantees, higher latency.
+
+Expiry events
+    `Reaper` (any host; a pglease lease elects one) writes ``lease.expired``
+    for leases whose TTL ran out without a release, under the lease row lock,
+    with the next revision, at most once per generation
+    (``leases.expired_generation``). The expired holder stays recorded: claims
+    still judge expiry by the clock, so the event changes nobody's right to
+    claim. If another owner claims the lease before the reaper got to it, no
+    ``lease.expired`` is written for that generation (the ``lease.claimed``
+    with a higher generation says the old one ended). The event does raise the
+    revision: a holder's cached `Claim.revision` is then stale, which only
+    matters for an ``expected_revision`` check after the lease has already run
+    out (renew and leased writes are refused then anyway); a late `release`
+    without ``expected_revision`` still works.
+
+Retention
+    `prune` deletes events older than a duration, as a prefix of the read
+    order, and records the last deleted position. A watcher whose cursor lies
+    below it gets `CursorExpiredError` (``after="start"`` means the oldest
+    retained event and never expires).
+"""
+
+from ..errors import CursorExpiredError, WatchClosedError, WatchError
+from .prune import parse_duration, prune, prune_async
+from .reaper import Reaper, reap_once, reap_once_async, run_reaper_async
+from .watcher import AsyncWatcher, Watcher, watch, watch_async
+
+__all__ = [
+    "AsyncWatcher",
+    "CursorExpiredError",
+    "Reaper",
+    "WatchClosedError",
+    "WatchError",
+    "Watcher",
+    "parse_duration",
+    "prune",
+    "prune_async",
+    "reap_once",
+    "reap_once_async",
+    "run_reaper_async",
+    "watch",
+    "watch_async",
+]

@@ -1,0 +1,256 @@
+"""What the sync and asyncio watchers share: SQL, filters, and the delivery state machine.
+
+Positions are `(xid, event id)` pairs (see `pglease.cursors`). Every reader
+(the process hub and each watcher catching up) reads the same immutable
+prefix of the log, in position order, so a watcher can switch from its own
+catch-up reads to the hub's stream by comparing positions alone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from psycopg import sql
+
+from ..cursors import START, Position, decode_cursor, encode_cursor
+from ..errors import CursorExpiredError, ValidationError, WatchClosedError
+from ..postgres._core import parse_event
+from ..types import Event
+from ..validation import check_event_type, check_resource_id, check_resource_type
+
+#: The biggest position; the hub reads with no upper bound.
+END = Position(2**64 - 1, 2**63 - 1)
+PAGE = 1000
+
+Mode = Literal["listen", "poll"]
+
+
+def channel_name(schema: str) -> str:
+    """The NOTIFY channel of a schema; must match `left('pglease_@schema@', 63)` in SQL."""
+    return f"pglease_{schema}"[:63]
+
+
+class WatchQueries:
+    """The watch SQL of one schema."""
+
+    def __init__(self, schema: str):
+        s = sql.Identifier(schema)
+
+        def q(text: str) -> bytes:
+            return sql.SQL(text).format(s=s).as_string(None).encode()
+
+        # One round trip: skipper probe, snapshot bounds, prune horizon and a
+        # page of events (see watch_read in sql/0002_watch.sql).
+        self.read = q(
+            "SELECT * FROM {s}.watch_read(%s::text::xid8, %s::bigint, %s::text::xid8,"
+            " %s::bigint, %s::integer)"
+        )
+        self.frontier = q(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text,"
+            " pruned_xid::text, pruned_id FROM {s}.event_horizon"
+        )
+        self.reap = q("SELECT {s}.reap_expired(%s)")
+        self.prune = q("SELECT {s}.prune_events(make_interval(secs => %s))")
+
+
+def read_args(after: Position, upto: Position, limit: int) -> list[Any]:
+    return [str(after.xid), after.event_id, str(upto.xid), upto.event_id, limit]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One read: events in position order plus what the snapshot said."""
+
+    events: list[Event]
+    #: Readable frontier: every event not yet committed sorts after (xmin, 0).
+    frontier: Position
+    #: True when some transaction was in progress below the snapshot's xmax, or
+    #: a writer that skipped its NOTIFY was in flight: an event may still become
+    #: readable without any further notification, so the reader must re-poll.
+    held_back: bool
+    #: The last position ever deleted by prune (START when none).
+    horizon: Position
+    full: bool
+
+
+def parse_page(rows: Sequence[Sequence[Any]], limit: int) -> Page:
+    first = rows[0]
+    xmin, xmax, skippers = int(first[0]), int(first[1]), bool(first[2])
+    horizon = Position(int(first[3]), int(first[4]))
+    events = [parse_event(r[5:]) for r in rows if r[5] is not None]
+    held_back = xmin != xmax or skippers
+    return Page(events, Position(xmin, 0), held_back, horizon, len(events) >= limit)
+
+
+def position_of(event: Event) -> Position:
+    return decode_cursor(event.cursor)
+
+
+def parse_frontier(row: Sequence[Any]) -> tuple[Position, Position]:
+    return Position(int(row[0]), 0), Position(int(row[1]), int(row[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """Which events a watcher yields; None means no restriction."""
+
+    types: frozenset[str] | None = None
+    resources: frozenset[str] | None = None
+    event_types: frozenset[str] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        types: Iterable[str] | str | None,
+        resources: Iterable[str] | str | None,
+        event_types: Iterable[str] | str | None,
+    ) -> Filters:
+        return cls(
+            _set(types, check_resource_type),
+            _set(resources, check_resource_id),
+            _set(event_types, _check_watch_event_type),
+        )
+
+    def match(self, event: Event) -> bool:
+        return (
+            (self.types is None or event.resource_type in self.types)
+            and (self.resources is None or event.resource_id in self.resources)
+            and (self.event_types is None or event.type in self.event_types)
+        )
+
+
+def _check_watch_event_type(value: object) -> str:
+    # Watchers may ask for the reserved `lease.*` types that writers may not use.
+    if isinstance(value, str) and value.startswith("lease."):
+        check_event_type("x" + value[len("lease") :])
+        return value
+    return check_event_type(value)
+
+
+def _set(values: Iterable[str] | str | None, check: Any) -> frozenset[str] | None:
+    if values is None:
+        return None
+    if isinstance(values, str):
+        values = [values]
+    checked = frozenset(check(v) for v in values)
+    if not checked:
+        raise ValidationError("an empty filter would match nothing; pass None for no filter")
+    return checked
+
+
+def check_interval(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise ValidationError(f"{what} must be a number of seconds in (0, 3600]")
+    return float(value)
+
+
+def check_mode(value: object) -> Mode:
+    if value not in ("listen", "poll"):
+        raise ValidationError(f"mode must be 'listen' or 'poll', got {value!r}")
+    return "listen" if value == "listen" else "poll"
+
+
+@dataclass(slots=True)
+class Batch:
+    """What the hub hands every subscriber after a read."""
+
+    events: list[Event]
+    #: The hub's position after this batch (last event or the readable frontier).
+    tip: Position
+
+
+@dataclass(slots=True)
+class Start:
+    """The first message to a subscriber: the hub position it joins at."""
+
+    tip: Position
+
+
+@dataclass(slots=True)
+class Failure:
+    error: BaseException
+
+
+Message = Batch | Start | Failure
+
+
+class WatchState:
+    """The delivery state machine of one watcher, free of I/O.
+
+    Phases: wait for the hub's `Start` (the position the stream joins at),
+    catch up with our own reads from our cursor up to that position, then take
+    the hub's batches, dropping anything at or before our cursor.
+    """
+
+    def __init__(self, position: Position, from_start: bool, filters: Filters):
+        self.position = position
+        self.from_start = from_start
+        self.filters = filters
+        #: Position the hub stream joined at; None until `Start` arrives.
+        self.join: Position | None = None
+        self.catching_up = False
+        self.pending: deque[Event] = deque()
+        self.closed = False
+
+    @property
+    def cursor(self) -> str:
+        return encode_cursor(self.position)
+
+    def on_message(self, message: Message) -> None:
+        if isinstance(message, Failure):
+            raise message.error
+        if isinstance(message, Start):
+            self.join = message.tip
+            self.catching_up = self.position < message.tip
+            return
+        assert self.join is not None, "the hub sends Start first"
+        if self.catching_up:
+            # Cannot happen: catch-up finishes before the queue is read again.
+            raise AssertionError("batch while catching up")
+        self._take(message.events)
+        if message.tip > self.position:
+            self.position = message.tip
+
+    def on_page(self, page: Page) -> None:
+        """A catch-up page read from our position up to `join`."""
+        self.check_horizon(page.horizon)
+        self._take(page.events)
+        if not page.full:
+            assert self.join is not None
+            self.catching_up = False
+            if self.join > self.position:
+                self.position = self.join
+
+    def check_horizon(self, horizon: Position) -> None:
+        if self.position >= horizon:
+            return
+        if self.from_start and self.position == START:
+            # "start" means the oldest retained event, not event zero.
+            self.position = horizon
+            return
+        raise CursorExpiredError(
+            f"cursor {encode_cursor(self.position)} is older than the pruned horizon"
+            f" {encode_cursor(horizon)}: events after it were deleted; resume from 'now'"
+            " or 'start' and resync"
+        )
+
+    def _take(self, events: list[Event]) -> None:
+        for event in events:
+            pos = position_of(event)
+            if pos <= self.position:
+                continue  # already delivered (we read past the hub's join point)
+            self.position = pos
+            if self.filters.match(event):
+                self.pending.append(event)
+
+    def next_event(self) -> Event | None:
+        if self.pending:
+            return self.pending.popleft()
+        return None
+
+
+def closed_error() -> WatchClosedError:
+    return WatchClosedError("the watcher is closed")

@@ -1,0 +1,234 @@
+"""The per-process hub: one reader thread (and, in listen mode, one LISTEN connection)
+per (dsn, schema, mode), shared by every watcher of the process, sync or asyncio.
+
+The hub keeps a tip position and reads the log after it whenever it is woken
+(a NOTIFY, a re-poll, the fallback timer), then hands each batch to every
+subscriber. See the package docstring for why no event can be stranded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..cursors import Position
+from ..errors import CursorExpiredError
+from ._core import (
+    END,
+    PAGE,
+    Batch,
+    Failure,
+    Message,
+    Mode,
+    Start,
+    WatchQueries,
+    channel_name,
+    parse_page,
+    read_args,
+)
+
+Deliver = Callable[[Message], None]
+
+#: First re-poll delay while a read was held back by in-flight transactions;
+#: doubled while nothing changes, up to MAX_REPOLL, reset on progress.
+MIN_REPOLL = 0.001
+MAX_REPOLL = 0.05
+RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class Hub:
+    """Reads the log once for all subscribers of this process."""
+
+    def __init__(
+        self, dsn: str, schema: str, mode: Mode, interval: float, key: tuple[Any, ...]
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.mode = mode
+        #: listen mode: fallback poll when no NOTIFY arrives; poll mode: poll period.
+        self.interval = interval
+        self.key = key
+        self._q = WatchQueries(schema)
+        self._lock = threading.Lock()
+        self._subscribers: dict[int, Deliver] = {}
+        self._next_id = 0
+        self._tip: Position | None = None
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"pglease-watch-{schema}", daemon=True
+        )
+        self._started = False
+        #: Counters for tests and benchmarks.
+        self.reads = 0
+        self.connects = 0
+
+    # ---------------------------------------------------------------- subscribers
+
+    def subscribe(self, deliver: Deliver) -> int:
+        """Add a subscriber; its first message is `Start(tip)`, then batches after tip."""
+        with self._lock:
+            sub_id = self._next_id
+            self._next_id += 1
+            self._subscribers[sub_id] = deliver
+            if self._tip is not None:
+                deliver(Start(self._tip))
+            if not self._started:
+                self._started = True
+                self._thread.start()
+        return sub_id
+
+    def unsubscribe(self, sub_id: int) -> bool:
+        """Remove a subscriber; return True when it was the last one (hub stops)."""
+        with self._lock:
+            self._subscribers.pop(sub_id, None)
+            if self._subscribers:
+                return False
+            self._stop.set()
+        return True
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._started:
+            self._thread.join(timeout)
+
+    # ---------------------------------------------------------------- the loop
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                self._session()
+                return
+            except psycopg.Error:
+                # Lost the server (restart, failover, network): reconnect and
+                # catch up from the tip, which survives reconnects.
+                self._close_conn()
+                delay = RECONNECT_DELAYS[min(attempt, len(RECONNECT_DELAYS) - 1)]
+                attempt += 1
+                self._stop.wait(delay)
+            except BaseException as exc:  # pragma: no cover - a bug; tell the watchers
+                self._broadcast(Failure(exc))
+                return
+            finally:
+                if self._stop.is_set():
+                    self._close_conn()
+
+    def _close_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _session(self) -> None:
+        conn = psycopg.connect(self.dsn, autocommit=True)
+        self._conn = conn
+        self.connects += 1
+        if self.mode == "listen":
+            # LISTEN first (it commits at once in autocommit), then read: any
+            # event committed after this point either is read now or notifies.
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(self.schema))))
+        if self._tip is None:
+            row = conn.execute(self._q.frontier).fetchone()
+            assert row is not None
+            with self._lock:
+                self._tip = Position(int(row[0]), 0)
+                for deliver in self._subscribers.values():
+                    deliver(Start(self._tip))
+        repoll = MIN_REPOLL
+        while not self._stop.is_set():
+            progressed, held_back = self._read_all(conn)
+            if held_back:
+                repoll = MIN_REPOLL if progressed else min(repoll * 2, MAX_REPOLL)
+                timeout = repoll
+            else:
+                repoll = MIN_REPOLL
+                timeout = self.interval
+            self._wait(conn, timeout)
+
+    def _wait(self, conn: psycopg.Connection[Any], timeout: float) -> None:
+        """Sleep until a notification, the timeout, or stop."""
+        if self.mode == "poll":
+            self._stop.wait(timeout)
+            return
+        deadline = time.monotonic() + timeout
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            # Short slices so that stop() is noticed promptly.
+            for _ in conn.notifies(timeout=min(left, 0.2), stop_after=1):
+                return
+
+    def _read_all(self, conn: psycopg.Connection[Any]) -> tuple[bool, bool]:
+        """Read every readable event after the tip; return (progressed, held_back)."""
+        progressed = False
+        while True:
+            assert self._tip is not None
+            rows = conn.execute(self._q.read, read_args(self._tip, END, PAGE)).fetchall()
+            self.reads += 1
+            page = parse_page(rows, PAGE)
+            if self._tip < page.horizon:
+                # Pruned past what we read (we were away longer than the
+                # retention): every subscriber missed events.
+                self._broadcast(
+                    Failure(
+                        CursorExpiredError(
+                            "the watch stream fell behind the prune horizon; events were deleted"
+                        )
+                    )
+                )
+                self._tip = page.frontier
+                return False, False
+            tip = self._tip
+            if page.events:
+                tip = Position(*_pos(page.events[-1].cursor))
+            if not page.full and page.frontier > tip:
+                tip = page.frontier
+            if tip != self._tip or page.events:
+                progressed = True
+                with self._lock:
+                    self._tip = tip
+                    batch = Batch(page.events, tip)
+                    for deliver in self._subscribers.values():
+                        deliver(batch)
+            if not page.full:
+                return progressed, page.held_back
+
+    def _broadcast(self, message: Message) -> None:
+        with self._lock:
+            for deliver in self._subscribers.values():
+                deliver(message)
+
+
+def _pos(cursor: str) -> tuple[int, int]:
+    xid, _, event_id = cursor.partition(".")
+    return int(xid), int(event_id)
+
+
+_hubs: dict[tuple[Any, ...], Hub] = {}
+_hubs_lock = threading.Lock()
+
+
+def acquire(
+    dsn: str, schema: str, mode: Mode, interval: float, deliver: Deliver
+) -> tuple[Hub, int]:
+    """Subscribe to this process's hub for (dsn, schema, mode, interval), starting it if needed."""
+    key = (dsn, schema, mode, interval)
+    with _hubs_lock:
+        hub = _hubs.get(key)
+        if hub is None or hub._stop.is_set():
+            hub = Hub(dsn, schema, mode, interval, key)
+            _hubs[key] = hub
+        return hub, hub.subscribe(deliver)
+
+
+def release(hub: Hub, sub_id: int) -> None:
+    with _hubs_lock:
+        if hub.unsubscribe(sub_id) and _hubs.get(hub.key) is hub:
+            del _hubs[hub.key]

@@ -1,0 +1,353 @@
+"""`Watcher` (blocking iterator) and `AsyncWatcher` (async iterator): the same
+state machine (`_core.WatchState`) driven over a sync or an asyncio connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any, Protocol
+
+import psycopg
+
+from ..cursors import START, Position, decode_cursor
+from ..errors import ValidationError, WatchClosedError
+from ..types import Event
+from . import hub as _hub
+from ._core import (
+    PAGE,
+    Filters,
+    Message,
+    Mode,
+    WatchQueries,
+    WatchState,
+    check_interval,
+    check_mode,
+    parse_frontier,
+    parse_page,
+    read_args,
+)
+
+#: Fallback poll in listen mode (a bound on latency if a wake-up is lost).
+DEFAULT_FALLBACK_INTERVAL = 1.0
+#: Poll period in poll mode.
+DEFAULT_POLL_INTERVAL = 0.05
+_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
+_SLICE = 0.25
+
+
+class SyncStore(Protocol):
+    dsn: str
+    schema: str
+
+    def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+
+class AsyncStore(Protocol):
+    dsn: str
+    schema: str
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+
+
+def _after(after: str | None) -> tuple[Position | None, bool]:
+    """(position, from_start); position None means "now" (resolved by a query)."""
+    if after is None or after == "now":
+        return None, False
+    if after == "start":
+        return START, True
+    if not isinstance(after, str):
+        raise ValidationError(f"after must be a cursor, 'now' or 'start', got {after!r}")
+    return decode_cursor(after), False
+
+
+class _Base:
+    def __init__(
+        self,
+        store: SyncStore | AsyncStore,
+        after: str | None,
+        types: Iterable[str] | str | None,
+        resources: Iterable[str] | str | None,
+        event_types: Iterable[str] | str | None,
+        mode: str,
+        interval: float | None,
+    ) -> None:
+        self.mode: Mode = check_mode(mode)
+        default = DEFAULT_FALLBACK_INTERVAL if self.mode == "listen" else DEFAULT_POLL_INTERVAL
+        self.interval = check_interval(default if interval is None else interval, "interval")
+        self._filters = Filters.build(types, resources, event_types)
+        self._position, self._from_start = _after(after)
+        self._queries = WatchQueries(store.schema)
+        self._dsn = store.dsn
+        self._schema = store.schema
+        self._state: WatchState | None = None
+        self._hub: _hub.Hub | None = None
+        self._sub = 0
+        self._closed = False
+
+    @property
+    def cursor(self) -> str:
+        """Where the watcher stands: pass it as `after=` to continue from here.
+
+        It moves past every event read, including those the filters dropped.
+        """
+        if self._state is None:
+            raise WatchClosedError("the watcher has not started yet")
+        return self._state.cursor
+
+    def _subscribe(self, deliver: _hub.Deliver) -> None:
+        self._hub, self._sub = _hub.acquire(
+            self._dsn, self._schema, self.mode, self.interval, deliver
+        )
+
+    def _unsubscribe(self) -> None:
+        if self._hub is not None:
+            _hub.release(self._hub, self._sub)
+            self._hub = None
+
+    def _page_args(self, state: WatchState) -> list[Any]:
+        assert state.join is not None
+        return read_args(state.position, state.join, PAGE)
+
+
+class Watcher(_Base):
+    """Stream committed events, in log order, from `after` on.
+
+    `after` is a cursor from a previous event (or `watcher.cursor`), ``"now"``
+    (the default: only events committed from now on) or ``"start"`` (the
+    oldest retained event). `types`, `resources` and `event_types` narrow what
+    is yielded. `mode="poll"` never LISTENs (PgBouncer transaction pooling);
+    `interval` is then the poll period, in listen mode the fallback poll.
+
+    Iterate it, or call `get(timeout)`. Raises `CursorExpiredError` when the
+    cursor is older than the prune horizon.
+    """
+
+    def __init__(
+        self,
+        store: SyncStore,
+        *,
+        after: str | None = "now",
+        types: Iterable[str] | str | None = None,
+        resources: Iterable[str] | str | None = None,
+        event_types: Iterable[str] | str | None = None,
+        mode: str = "listen",
+        interval: float | None = None,
+    ) -> None:
+        super().__init__(store, after, types, resources, event_types, mode, interval)
+        self._store = store
+        self._queue: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        position = self._position
+        if position is None:
+            with store.connection() as conn:
+                row = conn.execute(self._queries.frontier).fetchone()
+            assert row is not None
+            position = parse_frontier(row)[0]
+        self._state = WatchState(position, self._from_start, self._filters)
+        self._subscribe(self._queue.put)
+
+    def __enter__(self) -> Watcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop watching; a blocked `get`/iteration returns. Safe from any thread."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._unsubscribe()
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        try:
+            event = self.get()
+        except WatchClosedError:
+            raise StopIteration from None
+        assert event is not None
+        return event
+
+    def get(self, timeout: float | None = None) -> Event | None:
+        """The next event, or None after `timeout` seconds (None: wait forever)."""
+        state = self._state
+        assert state is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempt = 0
+        while True:
+            if self._closed:
+                raise WatchClosedError("the watcher is closed")
+            event = state.next_event()
+            if event is not None:
+                return event
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if state.catching_up:
+                try:
+                    with self._store.connection() as conn:
+                        rows = conn.execute(self._queries.read, self._page_args(state)).fetchall()
+                except psycopg.OperationalError:
+                    # The server is away (restart): retry; the position is unchanged.
+                    time.sleep(_RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)])
+                    attempt += 1
+                    continue
+                attempt = 0
+                state.on_page(parse_page(rows, PAGE))
+                continue
+            try:
+                message = self._queue.get(timeout=_SLICE if left is None else min(left, _SLICE))
+            except queue.Empty:
+                continue
+            if message is not None:
+                state.on_message(message)
+
+
+class AsyncWatcher(_Base):
+    """The asyncio twin of `Watcher`: ``async for event in AsyncWatcher(store)``.
+
+    Shares the process hub with sync watchers (the hub reads in a thread and
+    hands batches to the event loop). Close it with `aclose()` or use it as an
+    async context manager.
+    """
+
+    def __init__(
+        self,
+        store: AsyncStore,
+        *,
+        after: str | None = "now",
+        types: Iterable[str] | str | None = None,
+        resources: Iterable[str] | str | None = None,
+        event_types: Iterable[str] | str | None = None,
+        mode: str = "listen",
+        interval: float | None = None,
+    ) -> None:
+        super().__init__(store, after, types, resources, event_types, mode, interval)
+        self._store = store
+        self._aqueue: asyncio.Queue[Message | None] | None = None
+
+    async def start(self) -> AsyncWatcher:
+        """Resolve ``"now"`` and join the hub (done by the first `get` otherwise)."""
+        if self._state is not None:
+            return self
+        if self._closed:
+            raise WatchClosedError("the watcher is closed")
+        position = self._position
+        if position is None:
+            async with self._store.connection() as conn:
+                cur = await conn.execute(self._queries.frontier)
+                row = await cur.fetchone()
+            assert row is not None
+            position = parse_frontier(row)[0]
+        self._state = WatchState(position, self._from_start, self._filters)
+        loop = asyncio.get_running_loop()
+        aqueue: asyncio.Queue[Message | None] = asyncio.Queue()
+        self._aqueue = aqueue
+
+        def deliver(message: Message) -> None:
+            # RuntimeError: the loop is closed, nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(aqueue.put_nowait, message)
+
+        self._subscribe(deliver)
+        return self
+
+    async def __aenter__(self) -> AsyncWatcher:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop watching; a pending `get` returns."""
+        if not self._closed:
+            self._closed = True
+            if self._aqueue is not None:
+                self._aqueue.put_nowait(None)
+            self._unsubscribe()
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            event = await self.get()
+        except WatchClosedError:
+            raise StopAsyncIteration from None
+        assert event is not None
+        return event
+
+    async def get(self, timeout: float | None = None) -> Event | None:
+        """The next event, or None after `timeout` seconds (None: wait forever)."""
+        await self.start()
+        state, aqueue = self._state, self._aqueue
+        assert state is not None and aqueue is not None
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        attempt = 0
+        while True:
+            if self._closed:
+                raise WatchClosedError("the watcher is closed")
+            event = state.next_event()
+            if event is not None:
+                return event
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return None
+            if state.catching_up:
+                try:
+                    async with self._store.connection() as conn:
+                        cur = await conn.execute(self._queries.read, self._page_args(state))
+                        rows = await cur.fetchall()
+                except psycopg.OperationalError:
+                    await asyncio.sleep(_RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)])
+                    attempt += 1
+                    continue
+                attempt = 0
+                state.on_page(parse_page(rows, PAGE))
+                continue
+            try:
+                message = await asyncio.wait_for(aqueue.get(), left)
+            except TimeoutError:
+                return None
+            if message is not None:
+                state.on_message(message)
+
+
+def watch(
+    store: SyncStore,
+    *,
+    after: str | None = "now",
+    types: Iterable[str] | str | None = None,
+    resources: Iterable[str] | str | None = None,
+    event_types: Iterable[str] | str | None = None,
+    mode: str = "listen",
+    interval: float | None = None,
+) -> Watcher:
+    """A `Watcher` on `store` (see there)."""
+    return Watcher(
+        store, after=after, types=types, resources=resources, event_types=event_types,
+        mode=mode, interval=interval,
+    )  # fmt: skip
+
+
+def watch_async(
+    store: AsyncStore,
+    *,
+    after: str | None = "now",
+    types: Iterable[str] | str | None = None,
+    resources: Iterable[str] | str | None = None,
+    event_types: Iterable[str] | str | None = None,
+    mode: str = "listen",
+    interval: float | None = None,
+) -> AsyncWatcher:
+    """An `AsyncWatcher` on `store` (see there); iterate it with ``async for``."""
+    return AsyncWatcher(
+        store, after=after, types=types, resources=resources, event_types=event_types,
+        mode=mode, interval=interval,
+    )  # fmt: skip
