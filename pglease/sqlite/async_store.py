@@ -64,6 +64,7 @@ class AsyncSqliteStore:
         await self.close()
 
     async def close(self) -> None:
+        """Close every pooled connection."""
         if self._sync is not None:
             store, self._sync = self._sync, None
             await asyncio.to_thread(store.close)
@@ -82,9 +83,11 @@ class AsyncSqliteStore:
             yield conn
 
     async def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names of those applied."""
         return await asyncio.to_thread(self.sync_store.migrate)
 
     async def ensure_resource(self, resource_type: str, key: str) -> str:
+        """Create the resource if needed and return its deterministic id (no event)."""
         return await asyncio.to_thread(self.sync_store.ensure_resource, resource_type, key)
 
     async def claim(
@@ -96,6 +99,7 @@ class AsyncSqliteStore:
         *,
         now: datetime | None = None,
     ) -> Claim | None:
+        """Take the lease, or return None while another holder's lease is unexpired."""
         return await asyncio.to_thread(
             self.sync_store.claim, resource_id, owner, ttl, expected_revision, now=now
         )
@@ -108,6 +112,7 @@ class AsyncSqliteStore:
         *,
         now: datetime | None = None,
     ) -> Claim:
+        """Extend a current, unexpired lease; return the updated claim."""
         return await asyncio.to_thread(
             self.sync_store.renew, claim, ttl, expected_revision, now=now
         )
@@ -115,6 +120,7 @@ class AsyncSqliteStore:
     async def release(
         self, claim: Claim, expected_revision: int | None = None, *, now: datetime | None = None
     ) -> int:
+        """Give up a current lease (expired or not); return the new revision."""
         return await asyncio.to_thread(self.sync_store.release, claim, expected_revision, now=now)
 
     async def mutate(
@@ -169,19 +175,23 @@ class AsyncSqliteStore:
             raise
 
     async def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
+        """The resource with its lease state, judged by the host clock (or `now`)."""
         return await asyncio.to_thread(self.sync_store.get, resource_id, now=now)
 
     async def list_resources(
         self, resource_type: str | None = None, *, now: datetime | None = None
     ) -> list[ResourceState]:
+        """All resources (or those of one type), ordered by type and key."""
         return await asyncio.to_thread(self.sync_store.list_resources, resource_type, now=now)
 
     async def events(
         self, resource_id: str, after_revision: int = 0, limit: int = 1000
     ) -> list[Event]:
+        """A resource's events in revision order, after `after_revision`."""
         return await asyncio.to_thread(self.sync_store.events, resource_id, after_revision, limit)
 
     async def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
+        """Committed events after `cursor`, as `SqliteStore.events_after`."""
         return await asyncio.to_thread(self.sync_store.events_after, cursor, limit)
 
 

@@ -220,6 +220,7 @@ class SqliteStore:
         self.close()
 
     def close(self) -> None:
+        """Close every pooled connection; connections in use close when returned."""
         self._db.close()
 
     @contextmanager
