@@ -193,11 +193,14 @@ class WatchState:
         self.join: Position | None = None
         self.catching_up = False
         self.pending: deque[Event] = deque()
+        #: Position of the last event handed out (or the start).
+        self._yielded = position
         self.closed = False
 
     @property
     def cursor(self) -> str:
-        return encode_cursor(self.position)
+        # Events read but not yet handed out must not be skipped on resume.
+        return encode_cursor(self._yielded if self.pending else self.position)
 
     def on_message(self, message: Message) -> None:
         if isinstance(message, Failure):
@@ -229,7 +232,7 @@ class WatchState:
             return
         if self.from_start and self.position == START:
             # "start" means the oldest retained event, not event zero.
-            self.position = horizon
+            self.position = self._yielded = horizon
             return
         raise CursorExpiredError(
             f"cursor {encode_cursor(self.position)} is older than the pruned horizon"
@@ -248,7 +251,9 @@ class WatchState:
 
     def next_event(self) -> Event | None:
         if self.pending:
-            return self.pending.popleft()
+            event = self.pending.popleft()
+            self._yielded = position_of(event)
+            return event
         return None
 
 

@@ -20,8 +20,10 @@ EXIT_CURSOR_EXPIRED = 5
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``watch``, ``prune`` and ``reap`` subcommands."""
+    # "resolve": the main parser may add its own --json to every subcommand.
     p = subparsers.add_parser(
         "watch",
+        conflict_handler="resolve",
         help="print events live, one per line",
         description="Print committed events as they happen, one per line. On Ctrl-C,"
         " print the last cursor to stderr and exit 0; pass it to --after to continue.",
@@ -50,7 +52,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--after", default="now", metavar="CURSOR", help="a cursor, 'now' (default) or 'start'"
     )
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="one JSON object per line"
+    )
     p.add_argument(
         "--poll",
         action="store_true",
@@ -61,13 +65,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = subparsers.add_parser(
         "prune",
+        conflict_handler="resolve",
         help="delete old events",
         description="Delete events older than DURATION (90s, 15m, 12h,"
         " 7d, 1h30m). Watchers behind the deleted range get"
         " CursorExpiredError.",
     )
     p.add_argument("--older-than", required=True, type=_duration, metavar="DURATION")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_prune)
 
     p = subparsers.add_parser(
@@ -106,6 +111,7 @@ def format_event(event: Event) -> str:
 def cmd_watch(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         return fail("--limit must be at least 1", 2)
+    as_json = bool(getattr(args, "json", False))
     watcher: Watcher | None = None
     try:
         with open_store(args) as store:
@@ -116,7 +122,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             count = 0
             try:
                 for event in watcher:
-                    if args.json:
+                    if as_json:
                         print_json(event)
                     else:
                         print(format_event(event), flush=True)
@@ -145,7 +151,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
             deleted = prune(store, args.older_than)
     except PgleaseError as exc:
         return fail(str(exc))
-    if args.json:
+    if getattr(args, "json", False):
         print_json({"deleted": deleted})
     else:
         print(f"deleted {deleted} events")
