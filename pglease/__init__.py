@@ -4,10 +4,12 @@ from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
 from .ids import resource_id
 from .postgres import AsyncPostgresStore, PostgresStore
+from .sqlite import AsyncSqliteStore, SqliteStore
 from .types import Claim, Event, LeaseState, MutationResult, Owner, Permit, ResourceState
 
 __all__ = [
     "AsyncPostgresStore",
+    "AsyncSqliteStore",
     "Claim",
     "Event",
     "LeaseState",
@@ -16,6 +18,7 @@ __all__ = [
     "Permit",
     "PostgresStore",
     "ResourceState",
+    "SqliteStore",
     "resource_id",
     *_errors_all,
 ]
