@@ -31,6 +31,7 @@ from .errors import (
     StaleResourceError,
     ValidationError,
 )
+from .fleet import cli as fleet_cli
 from .postgres import PostgresStore
 from .types import Claim, Event, ResourceState
 
@@ -267,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=12.0)
     p.add_argument("--ttl", type=float, default=1.0)
     p.set_defaults(func=cmd_demo)
+    fleet_cli.register(sub)
     for command in sub.choices.values():
         # Accept --json after the subcommand too: `pglease ls --json`.
         command.add_argument(

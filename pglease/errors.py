@@ -176,3 +176,18 @@ class WatchClosedError(WatchError):
 
 
 __all__ += ["CursorExpiredError", "WatchClosedError", "WatchError"]
+
+
+# --- fleet runtime ----------------------------------------------------------------
+
+
+class InvalidTimingError(ValidationError):
+    """Heartbeat timing settings are unsafe (interval not well below the TTL, margin
+    not below the interval, ...)."""
+
+
+class AcquireTimeoutError(PgleaseError, TimeoutError):
+    """A blocking acquire gave up after its timeout; nothing was left behind."""
+
+
+__all__ += ["AcquireTimeoutError", "InvalidTimingError"]

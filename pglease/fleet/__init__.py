@@ -1,0 +1,75 @@
+"""The fleet runtime: hold leases for as long as the code needs them.
+
+::
+
+    with hold(store, "run", "r1", Owner("host", "h1"), ttl=10) as lease:
+        lease.check()                          # raises LeaseLostError once lost
+        store.mutate(lease.permit(rev), "run.step", apply=...)   # fenced write
+        downstream.write(fence=lease.generation)
+
+    async with hold_async(astore, "run", "r1", owner, ttl=10) as lease: ...
+
+    claim = acquire(store, "run", "r1", owner, ttl=10, timeout=5, fair=True)
+    with elect(store, "scheduler", owner, on_elected=start, on_deposed=stop) as e: ...
+
+Heartbeats
+    One `Keeper` per store (process) renews every lease the process holds in
+    one round trip per beat (`heartbeat` in sql/0005_fleet.sql), every ttl/3 by
+    default, from a dedicated thread (`AsyncKeeper`: a task) on a dedicated
+    connection. A heartbeat extends the expiry only: it is not a change of the
+    resource, so it neither bumps the revision nor writes an event, and a
+    holder's cached revision stays valid for its own `expected_revision`
+    writes. The explicit `store.renew()` keeps bumping the revision and
+    writing `lease.renewed`.
+
+Trust window
+    A held lease trusts itself until ``start of the request that claimed or
+    last renewed it + ttl - margin`` on the local monotonic clock; the
+    database's expiry is never earlier. Transient errors are retried until the
+    window closes; a beat that finds the generation or token changed is loss
+    at once. Loss sets `lease.lost`, runs `on_lost` callbacks and makes
+    `check()` raise.
+
+Waiting
+    `acquire`/`hold` wait for the holder's known expiry (a local delay computed
+    from the database clock) or for a `lease.released`/`lease.expired` event
+    from the watcher, never a fixed poll; ``fair=True`` serves waiters in
+    arrival order across hosts.
+"""
+
+from ._keeper_core import KeeperStats
+from ._timing import Timing
+from .acquire import acquire, acquire_async, hold, hold_async
+from .election import (
+    ELECTION_TYPE,
+    AsyncElection,
+    Election,
+    Leader,
+    elect,
+    elect_async,
+    leader,
+    leader_async,
+)
+from .keeper import AsyncKeeper, Keeper
+from .lease import AsyncHeldLease, HeldLease
+
+__all__ = [
+    "ELECTION_TYPE",
+    "AsyncElection",
+    "AsyncHeldLease",
+    "AsyncKeeper",
+    "Election",
+    "HeldLease",
+    "Keeper",
+    "KeeperStats",
+    "Leader",
+    "Timing",
+    "acquire",
+    "acquire_async",
+    "elect",
+    "elect_async",
+    "hold",
+    "hold_async",
+    "leader",
+    "leader_async",
+]

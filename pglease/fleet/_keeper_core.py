@@ -1,0 +1,155 @@
+"""The keeper's bookkeeping, free of I/O, shared by the thread and the task twins."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ._sql import heartbeat_args
+from .lease import _LeaseBase
+
+log = logging.getLogger("pglease.fleet")
+
+L = TypeVar("L", bound=_LeaseBase)
+
+#: Row-locked leases ('busy') are retried after this many seconds at most.
+BUSY_RETRY = 0.05
+#: Transient errors: retry after 50 ms, doubling, at most a quarter interval.
+ERROR_RETRY = 0.05
+
+TRUST_CLOSED = "the local trust window closed without a successful renewal"
+_STATUS_REASON = {
+    "lost": "the database no longer has it (released, taken over, or another token)",
+    "expired": "its ttl ran out in the database before a heartbeat reached it",
+    "unknown": "the resource does not exist",
+}
+
+
+@dataclass
+class KeeperStats:
+    """Counters a keeper keeps; read them for monitoring or in benchmarks."""
+
+    beats: int = 0
+    late_beats: int = 0
+    errors: int = 0
+    renewed: int = 0
+    lost: int = 0
+    #: Wall duration of the last beat's round trip, seconds.
+    last_beat_seconds: float = 0.0
+    #: Leases in the last beat.
+    last_beat_size: int = 0
+
+
+class KeeperCore(Generic[L]):
+    """Which leases are due, and what a beat's answer means for each."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, L] = {}
+        self.stats = KeeperStats()
+        self._error_streak = 0
+        #: Leases lost by the local clock while maybe still current in the
+        #: database: released (best effort) so that others need not wait.
+        self.to_release: list[L] = []
+
+    def add(self, lease: L) -> L | None:
+        """Track `lease`; return a lease it supersedes (same resource, older generation)."""
+        old = self.leases.get(lease.resource_id)
+        self.leases[lease.resource_id] = lease
+        return old if old is not lease else None
+
+    def remove(self, lease: L) -> None:
+        if self.leases.get(lease.resource_id) is lease:
+            del self.leases[lease.resource_id]
+
+    def sweep(self, now: float) -> list[L]:
+        """Drop leases that are lost or past their trust deadline; return the newly lost."""
+        lost: list[L] = []
+        for rid, lease in list(self.leases.items()):
+            if lease.lost_error is None and lease.deadline <= now:
+                lost.append(lease)
+            if lease.lost_error is not None or lease.deadline <= now:
+                del self.leases[rid]
+                self.to_release.append(lease)
+        return lost
+
+    def next_due(self) -> float | None:
+        return min((lease.next_due for lease in self.leases.values()), default=None)
+
+    def next_deadline(self) -> float | None:
+        return min((lease.deadline for lease in self.leases.values()), default=None)
+
+    def due_batch(self, now: float) -> list[L]:
+        """Every lease due within half its interval: beats coalesce into one round trip."""
+        earliest = self.next_due()
+        if earliest is None or earliest > now:
+            return []
+        batch = [
+            lease
+            for lease in self.leases.values()
+            if lease.lost_error is None and lease.next_due - lease.timing.interval / 2 <= now
+        ]
+        late = now - earliest
+        if batch and late > min(lease.timing.late_after for lease in batch):
+            self.stats.late_beats += 1
+            log.warning(
+                "heartbeat late by %.3fs for %d lease(s): the keeper was starved"
+                " (blocked event loop, GIL, GC pause, overloaded host?)",
+                late,
+                len(batch),
+            )
+        return batch
+
+    def args(self, batch: Sequence[L]) -> list[Any]:
+        return heartbeat_args(
+            [lease.claim for lease in batch], [lease.timing.ttl for lease in batch]
+        )
+
+    def on_rows(
+        self, batch: Sequence[L], rows: Sequence[Sequence[Any]], started: float
+    ) -> list[tuple[L, str]]:
+        """Apply a beat's answer; return the leases the database says are gone, with why."""
+        self._error_streak = 0
+        self.stats.beats += 1
+        self.stats.last_beat_size = len(batch)
+        self.stats.last_beat_seconds = time.monotonic() - started
+        by_id = {row[0]: row for row in rows}
+        gone: list[tuple[L, str]] = []
+        for lease in batch:
+            row = by_id.get(lease.resource_id)
+            status = row[1] if row is not None else "unknown"
+            if status == "renewed":
+                assert row is not None
+                if lease._renewed(started, row[2]):
+                    self.stats.renewed += 1
+                else:
+                    # The answer came after the trust window closed (or the holder
+                    # already saw it lost): lost for good, and handed back.
+                    self.remove(lease)
+                    self.to_release.append(lease)
+                    if lease.lost_error is None:
+                        gone.append((lease, TRUST_CLOSED))
+            elif status == "busy":
+                # Locked by a writer (usually the holder's own mutation): soon again.
+                lease.next_due = time.monotonic() + min(BUSY_RETRY, lease.timing.interval / 4)
+            else:
+                reason = _STATUS_REASON.get(status, status)
+                if row is not None and status == "lost" and row[3] != lease.generation:
+                    reason += f" (current generation {row[3]})"
+                self.remove(lease)
+                self.stats.lost += 1
+                gone.append((lease, reason))
+        return gone
+
+    def on_error(self, batch: Sequence[L], exc: BaseException) -> None:
+        """A transient failure: retry soon, until each lease's trust window closes."""
+        self.stats.errors += 1
+        self._error_streak += 1
+        delay = ERROR_RETRY * 2 ** min(self._error_streak - 1, 6)
+        if self._error_streak == 1:
+            log.warning("heartbeat failed, retrying until the trust windows close: %s", exc)
+        now = time.monotonic()
+        for lease in batch:
+            lease.next_due = now + min(delay, lease.timing.interval / 4)

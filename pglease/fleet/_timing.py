@@ -1,0 +1,65 @@
+"""Heartbeat timing: one validated set of numbers per held lease."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import InvalidTimingError
+from ..validation import check_ttl
+
+#: The renew interval may be at most this fraction of the TTL: two more beats
+#: can fail before the lease runs out (DESIGN.md: renew at most every ttl/3).
+MAX_INTERVAL_FRACTION = 1 / 3
+#: A beat later than this fraction of the interval is logged as late.
+LATE_FRACTION = 0.5
+
+
+def _positive(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidTimingError(f"{what} must be a number of seconds, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise InvalidTimingError(f"{what} must be a positive, finite number of seconds")
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """TTL, renew interval and safety margin of one held lease.
+
+    The holder trusts its lease until ``request start + ttl - margin`` of its
+    last successful renewal, on the local monotonic clock. The database judges
+    expiry at ``server time of the renewal + ttl``, which is never earlier; the
+    margin absorbs clock-rate drift and the time the holder needs to stop
+    working once it is told the lease is lost.
+    """
+
+    ttl: float
+    interval: float
+    margin: float
+
+    @classmethod
+    def of(cls, ttl: float, interval: float | None = None, margin: float | None = None) -> Timing:
+        """Validate; default interval ttl/3, default margin ttl/10 (below the interval)."""
+        ttl = check_ttl(ttl)
+        interval = (
+            ttl * MAX_INTERVAL_FRACTION if interval is None else _positive(interval, "interval")
+        )
+        if interval > ttl * MAX_INTERVAL_FRACTION * (1 + 1e-9):
+            raise InvalidTimingError(
+                f"renew interval {interval:g}s is not well below the ttl {ttl:g}s: it must be at"
+                f" most ttl/3 ({ttl / 3:g}s) so that two failed beats still leave time to renew"
+            )
+        margin = min(ttl / 10, interval / 2) if margin is None else _positive(margin, "margin")
+        if margin >= interval:
+            raise InvalidTimingError(
+                f"margin {margin:g}s must be below the renew interval {interval:g}s, otherwise"
+                " the local trust window closes before the next beat"
+            )
+        return cls(ttl, interval, margin)
+
+    @property
+    def late_after(self) -> float:
+        """Seconds past its due time after which a beat is reported as late."""
+        return self.interval * LATE_FRACTION

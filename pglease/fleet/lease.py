@@ -1,0 +1,250 @@
+"""Held leases: what `hold` hands to the code running under a lease.
+
+A held lease knows its fencing generation, its current `Claim` (kept fresh by
+the keeper) and the local monotonic instant until which it may trust itself.
+It is lost, once and for good, when the keeper learns the database no longer
+has it (taken over, released, expired) or when the trust window closes
+without a successful renewal, even if the database cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+
+from ..errors import LeaseLostError
+from ..types import Claim, Owner, Permit
+from ._timing import Timing
+
+log = logging.getLogger("pglease.fleet")
+
+LostCallback = Callable[[LeaseLostError], object]
+
+
+class _LeaseBase:
+    """State shared by the sync and asyncio held leases; guarded by `_lock`."""
+
+    def __init__(self, claim: Claim, timing: Timing, requested_at: float) -> None:
+        self._lock = threading.Lock()
+        self._claim = claim
+        self.timing = timing
+        # The claim's request started at `requested_at`: the database set the
+        # expiry at its own clock, no earlier, plus the ttl.
+        self._deadline = requested_at + timing.ttl - timing.margin
+        #: When the keeper should renew next (monotonic).
+        self.next_due = requested_at + timing.interval
+        self._error: LeaseLostError | None = None
+        self._callbacks: list[LostCallback] = []
+        #: Successful heartbeats so far.
+        self.renewals = 0
+
+    # --- read-only view -------------------------------------------------------
+
+    @property
+    def claim(self) -> Claim:
+        """The current claim (expiry updated by every heartbeat; revision unchanged)."""
+        return self._claim
+
+    @property
+    def resource_id(self) -> str:
+        return self._claim.resource_id
+
+    @property
+    def owner(self) -> Owner:
+        return self._claim.owner
+
+    @property
+    def generation(self) -> int:
+        """The fencing token: hand it to downstream systems with every write."""
+        return self._claim.generation
+
+    @property
+    def expires_at(self) -> datetime:
+        """Expiry by the database clock after the last successful renewal."""
+        return self._claim.expires_at
+
+    @property
+    def deadline(self) -> float:
+        """Local `time.monotonic()` instant the trust window closes at."""
+        return self._deadline
+
+    def time_left(self) -> float:
+        """Seconds of local trust left (negative once the window closed)."""
+        return self._deadline - time.monotonic()
+
+    @property
+    def lost_error(self) -> LeaseLostError | None:
+        """Why the lease was lost, or None while it is held."""
+        return self._error
+
+    def permit(self, expected_revision: int) -> Permit:
+        """A write permit for `mutate` carrying this lease (checks it first)."""
+        self.check()
+        return Permit(self._claim.resource_id, expected_revision, self._claim)
+
+    def check(self) -> None:
+        """Raise `LeaseLostError` if the lease is lost or its trust window closed."""
+        if self._error is None and time.monotonic() >= self._deadline:
+            # The watchdog may be late (GIL, blocked loop): the clock decides.
+            self._lose("the local trust window closed without a successful renewal")
+        if self._error is not None:
+            raise self._error
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call `callback(error)` once when the lease is lost (at once if it already is)."""
+        with self._lock:
+            if self._error is None:
+                self._callbacks.append(callback)
+                return
+            error = self._error
+        self._run_callback(callback, error)
+
+    # --- keeper side ------------------------------------------------------------
+
+    def _renewed(self, requested_at: float, expires_at: datetime) -> bool:
+        """Record a successful heartbeat sent at `requested_at`; False if already lost."""
+        with self._lock:
+            if self._error is not None or time.monotonic() >= self._deadline:
+                return False
+            self._claim = replace(self._claim, expires_at=expires_at)
+            self._deadline = max(
+                self._deadline, requested_at + self.timing.ttl - self.timing.margin
+            )
+            self.next_due = requested_at + self.timing.interval
+            self.renewals += 1
+            return True
+
+    def _lose(self, reason: str) -> bool:
+        """Mark lost (once); run callbacks and signal. True if this call lost it."""
+        with self._lock:
+            if self._error is not None:
+                return False
+            claim = self._claim
+            self._error = LeaseLostError(
+                f"lease generation {claim.generation} of {claim.owner} on {claim.resource_id}"
+                f" is lost: {reason}"
+            )
+            callbacks, self._callbacks = self._callbacks, []
+            error = self._error
+        log.warning("%s", error)
+        self._signal()
+        for callback in callbacks:
+            self._run_callback(callback, error)
+        return True
+
+    def _close(self, reason: str) -> None:
+        """The holder gave the lease up: `check()` raises and `lost` is set from
+        now on, but this is no loss, so `on_lost` callbacks do not run."""
+        with self._lock:
+            if self._error is not None:
+                return
+            claim = self._claim
+            self._error = LeaseLostError(
+                f"lease generation {claim.generation} of {claim.owner} on {claim.resource_id}"
+                f" is no longer held: {reason}"
+            )
+            self._callbacks = []
+        self._signal()
+
+    def _signal(self) -> None:
+        raise NotImplementedError
+
+    def _run_callback(self, callback: LostCallback, error: LeaseLostError) -> None:
+        try:
+            callback(error)
+        except Exception:
+            log.exception("on_lost callback %r failed", callback)
+
+
+class HeldLease(_LeaseBase):
+    """A lease kept alive by a `Keeper` thread.
+
+    `lost` is a `threading.Event` set the moment the lease is lost; `check()`
+    raises `LeaseLostError` from then on; `on_lost` callbacks run in the thread
+    that noticed (the keeper or its watchdog), so keep them short.
+    """
+
+    def __init__(self, claim: Claim, timing: Timing, requested_at: float) -> None:
+        super().__init__(claim, timing, requested_at)
+        self.lost = threading.Event()
+
+    def _signal(self) -> None:
+        self.lost.set()
+
+    def wait_lost(self, timeout: float | None = None) -> bool:
+        """Block until the lease is lost (True) or `timeout` passes (False)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = self.time_left()
+            if end is not None:
+                left = min(left, end - time.monotonic())
+            if self.lost.wait(max(left, 0.0)):
+                return True
+            with contextlib.suppress(LeaseLostError):
+                self.check()
+            if self.lost.is_set():
+                return True
+            if end is not None and time.monotonic() >= end:
+                return False
+
+
+class AsyncHeldLease(_LeaseBase):
+    """A lease kept alive by an `AsyncKeeper` task; `lost` is an `asyncio.Event`.
+
+    Create and use it on one event loop. `on_lost` callbacks run on that loop.
+    """
+
+    def __init__(
+        self, claim: Claim, timing: Timing, requested_at: float, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(claim, timing, requested_at)
+        self._loop = loop
+        self.lost = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        # loop.time() is time.monotonic(): the deadline is on the same clock.
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._error is None:
+            self._timer = self._loop.call_at(self._deadline, self._expire)
+
+    def _expire(self) -> None:
+        if self._error is None and time.monotonic() >= self._deadline:
+            self._lose("the local trust window closed without a successful renewal")
+        else:
+            self._arm()
+
+    def _renewed(self, requested_at: float, expires_at: datetime) -> bool:
+        if not super()._renewed(requested_at, expires_at):
+            return False
+        self._arm()
+        return True
+
+    def _signal(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self.lost.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody waits
+                self._loop.call_soon_threadsafe(self.lost.set)
+
+    async def wait_lost(self, timeout: float | None = None) -> bool:
+        """Wait until the lease is lost (True) or `timeout` passes (False)."""
+        try:
+            await asyncio.wait_for(self.lost.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
