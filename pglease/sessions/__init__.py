@@ -4,6 +4,11 @@
 `SqliteSession` writer handles. The format rules that do not depend on SQLite
 (fork planning, lane validation, the branch-index algorithm, usage summing)
 live in `fork`, `branch_index` and `model` so other backends can share them.
+
+`PostgresSessionRepository` keeps the same model in PostgreSQL tables
+(`sql/0004_sessions.sql`) for fleets, with `PostgresSession` handles fenced by
+a pglease lease; it also forks sessions into files and imports files back.
+Both handle types satisfy the `SessionHandle` protocol.
 """
 
 from __future__ import annotations
@@ -43,7 +48,15 @@ from .model import (
     Write,
     sum_usage,
 )
-from .repository import SessionListing, SessionProblem, SessionRepository, check_session_id
+from .postgres import PgBranchIndex, PostgresSession, PostgresSessionRepository
+from .protocol import SessionBackend, SessionHandle
+from .repository import (
+    SessionListing,
+    SessionProblem,
+    SessionRepository,
+    check_session_id,
+    read_session_file,
+)
 from .schema import SCHEMA_SQL, STORAGE_VERSION
 from .sqlite_file import SqliteBranchIndex, SqliteSession
 
@@ -67,14 +80,19 @@ __all__ = [
     "LaneValidationError",
     "LeaseInfo",
     "MemoryBranchIndex",
+    "PgBranchIndex",
+    "PostgresSession",
+    "PostgresSessionRepository",
     "Register",
     "Segment",
     "SessionAlreadyClaimedError",
+    "SessionBackend",
     "SessionBusyError",
     "SessionClosedError",
     "SessionCorruptError",
     "SessionError",
     "SessionExistsError",
+    "SessionHandle",
     "SessionInfo",
     "SessionListing",
     "SessionNotFoundError",
@@ -92,6 +110,7 @@ __all__ = [
     "WriterLeaseLostError",
     "check_session_id",
     "plan_fork",
+    "read_session_file",
     "sum_usage",
     "uuid7",
     "validate_lanes",

@@ -25,9 +25,9 @@ from .errors import (
     SessionExistsError,
     SessionNotFoundError,
 )
-from .fork import ForkPosition, ForkScope, plan_fork
+from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork
 from .ids import uuid7
-from .model import SessionInfo, load_json
+from .model import SessionInfo, SessionSnapshot, load_json
 from .schema import EMPTY_USAGE_JSON, IDLE_LANE_STATE_JSON, MAIN_LANE, SCHEMA_SQL, STORAGE_VERSION
 from .sqlite_file import (
     NowMs,
@@ -127,6 +127,21 @@ def _publish(temp: Path, final: Path) -> None:
         _rename_noreplace(temp, final)
         return
     _remove_quietly(temp)
+
+
+def read_session_file(path: str | os.PathLike[str]) -> SessionSnapshot:
+    """Read any session file (checked: tables, session row, version) into a
+    `SessionSnapshot`, in one read transaction and without touching its lease."""
+    file_path = Path(path)
+    if not file_path.is_file():
+        raise SessionNotFoundError(f"session file {file_path} does not exist")
+    conn = connect(file_path)
+    try:
+        return read_snapshot(conn, file_path)
+    except sqlite3.Error as exc:
+        raise SessionCorruptError(f"session file {file_path} cannot be read: {exc}") from exc
+    finally:
+        conn.close()
 
 
 class SessionRepository:
@@ -330,19 +345,23 @@ class SessionRepository:
         in one snapshot without touching its lease."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
-        source_path = self.path_for(source_id)
-        if not source_path.exists():
-            raise SessionNotFoundError(f"session {source_id} does not exist ({source_path})")
         if self.path_for(new_id).exists():
             raise SessionExistsError(f"session {new_id} already exists")
-        conn = connect(source_path)
-        try:
-            snapshot = read_snapshot(conn, source_path)
-        finally:
-            conn.close()
+        snapshot = self.snapshot(source_id)
         plan = plan_fork(snapshot, source_id, scope, entry_id, position)
-        owner_id = uuid7()
+        return self.create_from_plan(plan, new_id)
 
+    def snapshot(self, session_id: str) -> SessionSnapshot:
+        """Entries and registers of a session in one consistent read, without
+        touching its writer lease."""
+        source_path = self.path_for(session_id)
+        if not source_path.exists():
+            raise SessionNotFoundError(f"session {session_id} does not exist ({source_path})")
+        return read_session_file(source_path)
+
+    def _build_plan(
+        self, plan: ForkPlan, session_id: str, owner_id: str | None
+    ) -> Callable[[sqlite3.Connection], None]:
         def build(conn: sqlite3.Connection) -> None:
             self._write_session_row(conn, plan.parent_session_id, plan.message_count, plan.next_seq)
             seqs: dict[str, int] = {}
@@ -354,10 +373,25 @@ class SessionRepository:
                 "INSERT INTO registers (namespace, key, seq, value) VALUES (?, ?, ?, ?)",
                 [(r.namespace, r.key, r.seq, r.value_json) for r in plan.registers],
             )
-            claim_lease(conn, new_id, owner_id, self.now_ms(), self._lease_ms)
+            if owner_id is not None:
+                claim_lease(conn, session_id, owner_id, self.now_ms(), self._lease_ms)
 
-        self._materialise(new_id, build)
+        return build
+
+    def create_from_plan(self, plan: ForkPlan, id: str | None = None) -> SqliteSession:
+        """Write a fork plan (from any backend's snapshot) as a new session file
+        and open it, holding its writer lease."""
+        new_id = check_session_id(id) if id is not None else uuid7()
+        owner_id = uuid7()
+        self._materialise(new_id, self._build_plan(plan, new_id, owner_id))
         return self._adopt(new_id, owner_id)
+
+    def write_plan(self, plan: ForkPlan, id: str | None = None) -> Path:
+        """Write a fork plan as a new, closed session file (no writer lease row);
+        return its path. A failure leaves no file."""
+        new_id = check_session_id(id) if id is not None else uuid7()
+        self._materialise(new_id, self._build_plan(plan, new_id, None))
+        return self.path_for(new_id)
 
     # -- listing and deleting --
 

@@ -40,13 +40,12 @@ from .model import (
     SetRegister,
     UsageRow,
     Write,
-    check_usage,
     dump_json,
-    entry_payload_json,
     load_json,
     sum_usage,
 )
 from .schema import ENTRY_TYPES, STORAGE_VERSION, TABLES
+from .writes import prepare_writes
 
 log = logging.getLogger("pglease.sessions")
 
@@ -316,18 +315,6 @@ def insert_entry(conn: sqlite3.Connection, entry: Entry, parent_seq: int | None)
     )
 
 
-def _check_id(value: object, what: str) -> str:
-    if not isinstance(value, str) or value == "" or "\x00" in value:
-        raise InvalidSessionWriteError(f"{what} must be a non-empty string, got {value!r}")
-    return value
-
-
-def _check_text(value: object, what: str, *, allow_empty: bool) -> str:
-    if not isinstance(value, str) or (value == "" and not allow_empty) or "\x00" in value:
-        raise InvalidSessionWriteError(f"{what} must be a string without NUL, got {value!r}")
-    return value
-
-
 # --- the handle -------------------------------------------------------------------------------
 
 
@@ -505,39 +492,7 @@ class SqliteSession:
 
     def commit(self, writes: Sequence[Write]) -> CommitResult:
         """Apply `writes` in one transaction: seqs next_seq.., one timestamp."""
-        writes = list(writes)
-        if not writes:
-            raise InvalidSessionWriteError("a commit needs at least one write")
-        prepared: list[tuple[Write, str | None, str | None]] = []
-        for write in writes:
-            if isinstance(write, AppendEntry):
-                payload = entry_payload_json(write)
-                if write.id is not None:
-                    _check_id(write.id, "entry id")
-                if write.parent_id is not None:
-                    _check_id(write.parent_id, "parent id")
-                prepared.append((write, payload, None))
-            elif isinstance(write, AddUsage):
-                check_usage(write.usage)
-                if write.id is not None:
-                    _check_id(write.id, "usage id")
-                if write.entry_id is not None:
-                    _check_id(write.entry_id, "usage entry id")
-                if not isinstance(write.adjustment, bool):
-                    raise InvalidSessionWriteError("usage adjustment must be a bool")
-                details = None if write.details is None else dump_json(write.details, "details")
-                prepared.append((write, dump_json(dict(write.usage), "usage"), details))
-            elif isinstance(write, SetRegister):
-                _check_text(write.namespace, "register namespace", allow_empty=False)
-                _check_text(write.key, "register key", allow_empty=True)
-                prepared.append((write, dump_json(write.value, "register value"), None))
-            elif isinstance(write, DeleteRegister):
-                _check_text(write.namespace, "register namespace", allow_empty=False)
-                _check_text(write.key, "register key", allow_empty=True)
-                prepared.append((write, None, None))
-            else:
-                raise InvalidSessionWriteError(f"unknown write operation {write!r}")
-
+        prepared = prepare_writes(writes)
         with self._lock:
             conn = self._usable()
             now = self._now_ms()
@@ -548,7 +503,8 @@ class SqliteSession:
                 message_count = int(row[4])
                 usage: dict[str, Any] = load_json(row[5])
                 ids: list[str | None] = []
-                for write, text, details in prepared:
+                for item in prepared:
+                    write, text, details = item.write, item.text, item.details
                     if isinstance(write, AppendEntry):
                         assert text is not None
                         entry_id = write.id or uuid7(now)

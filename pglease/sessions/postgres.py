@@ -1,0 +1,1379 @@
+"""Sessions in PostgreSQL tables (`sql/0004_sessions.sql`), shared by a fleet.
+
+The same session model as the per-session files, stored in the `session_*`
+tables of the store's schema, so any host can open any session.
+
+- The writer lease is a pglease lease on the resource `("session", id)`, held
+  by `Owner("session", "<host>/<pid>/<uuid7>")`, fresh for every handle (as the
+  file format's owner_id is). Its TTL is `lease_seconds` (30 s), renewed every
+  `renew_interval` (15 s) by a background thread.
+- Every commit is one `PostgresStore.mutate` with the handle's lease: the fence
+  check (owner, generation, token, expiry, under the lease row lock), the
+  revision bump, the `session.commit` event and the session rows commit in one
+  transaction. A commit does not extend the lease; the heartbeat does. (An
+  extra renew per commit would cost a round trip, a revision and an event.)
+- A renew bumps the resource revision too, so the handle tracks the revision
+  it holds after every renew and commit.
+- Expiry is judged by the database clock. A lease that expired is lost even if
+  nobody took it over: the next `open` gets a new generation.
+- Timestamps (`created_at`, entry timestamps) come from the database clock, so
+  hosts with skewed clocks still stamp one session consistently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import (
+    DatabaseUnavailableError,
+    LeaseLostError,
+    ResourceLeasedError,
+    StaleResourceError,
+)
+from ..ids import resource_id
+from ..postgres import PostgresStore
+from ..types import Claim, Owner, Permit
+from .branch_index import BranchIndexStore, BranchQuery, BranchRow, Segment, index_entry
+from .branch_index import scan_branch as _scan_branch
+from .errors import (
+    DuplicateIdError,
+    InvalidSessionWriteError,
+    SessionAlreadyClaimedError,
+    SessionBusyError,
+    SessionClosedError,
+    SessionCorruptError,
+    SessionError,
+    SessionExistsError,
+    SessionNotFoundError,
+    SessionVersionError,
+    UnknownEntryError,
+    WriterLeaseLostError,
+)
+from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork
+from .ids import uuid7
+from .model import (
+    AddUsage,
+    AppendEntry,
+    CommitResult,
+    DeleteRegister,
+    Entry,
+    LeaseInfo,
+    Register,
+    SessionInfo,
+    SessionSnapshot,
+    SessionStats,
+    SetRegister,
+    UsageRow,
+    Write,
+    dump_json,
+    load_json,
+    sum_usage,
+)
+from .repository import SessionListing, SessionProblem, SessionRepository, check_session_id
+from .repository import read_session_file as _read_session_file
+from .schema import EMPTY_USAGE_JSON, ENTRY_TYPES, IDLE_LANE_STATE_JSON, MAIN_LANE, STORAGE_VERSION
+from .writes import Prepared, prepare_writes
+
+log = logging.getLogger("pglease.sessions")
+
+Conn = psycopg.Connection[Any]
+NowMs = Callable[[], int]
+
+#: Resource type of a session's writer lease.
+RESOURCE_TYPE = "session"
+#: Owner type of a session writer handle.
+OWNER_TYPE = "session"
+#: Rows per round trip when a branch scan pages through a segment.
+SCAN_PAGE = 512
+
+
+class _Sql:
+    """The session SQL of one schema, composed once per repository."""
+
+    def __init__(self, schema: str) -> None:
+        s = sql.Identifier(schema)
+
+        def q(text: str) -> bytes:
+            return sql.SQL(text).format(s=s).as_string(None).encode()
+
+        entry_cols = "id, parent_id, seq, type, custom_type, timestamp, payload"
+        seg_cols = "branch_id, tip_entry_id, tip_seq, base_branch_id, base_seq"
+        self.read_only = q("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        self.db_now = q("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+        session_cols = (
+            "created_at, parent_session_id, storage_version, message_count, usage_payload, next_seq"
+        )
+        self.session_row = q(f"SELECT {session_cols} FROM {{s}}.sessions WHERE id = %s")
+        self.lock_session = q(
+            "SELECT next_seq, message_count, usage_payload,"
+            " (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+            " FROM {s}.sessions WHERE id = %s FOR UPDATE"
+        )
+        self.update_session = q(
+            "UPDATE {s}.sessions SET next_seq = %s, message_count = %s, usage_payload = %s"
+            " WHERE id = %s"
+        )
+        self.insert_session = q(
+            "INSERT INTO {s}.sessions (id, resource_id, created_at, parent_session_id,"
+            " storage_version, metadata, message_count, usage_payload, next_seq)"
+            " VALUES (%s, %s, coalesce(%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),"
+            " %s, %s, NULL, %s, %s, %s) ON CONFLICT DO NOTHING"
+        )
+        self.delete_session = q("DELETE FROM {s}.sessions WHERE id = %s")
+        self.session_exists = q("SELECT storage_version FROM {s}.sessions WHERE id = %s")
+        self.entry_count = q("SELECT count(*) FROM {s}.session_entries WHERE session_id = %s")
+        self.insert_entry = q(
+            f"INSERT INTO {{s}}.session_entries (session_id, {entry_cols})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+        )
+        self.get_entry = q(
+            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND id = %s"
+        )
+        self.known_entries = q(
+            "SELECT id, seq FROM {s}.session_entries WHERE session_id = %s AND id = ANY(%s)"
+        )
+        self.known_usage = q(
+            "SELECT id FROM {s}.session_usage_ledger WHERE session_id = %s AND id = ANY(%s)"
+        )
+        self.scan_entries = q(
+            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND seq > %s"
+            " AND (%s::text[] IS NULL OR type = ANY(%s::text[])) ORDER BY seq LIMIT %s"
+        )
+        self.all_entries = q(
+            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s ORDER BY seq"
+        )
+        self.upsert_register = q(
+            "INSERT INTO {s}.session_registers (session_id, namespace, key, seq, value)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, namespace, key)"
+            " DO UPDATE SET seq = excluded.seq, value = excluded.value"
+        )
+        self.delete_register = q(
+            "DELETE FROM {s}.session_registers WHERE session_id = %s AND namespace = %s"
+            " AND key = %s"
+        )
+        self.get_register = q(
+            "SELECT namespace, key, seq, value FROM {s}.session_registers"
+            " WHERE session_id = %s AND namespace = %s AND key = %s"
+        )
+        self.list_registers = q(
+            "SELECT namespace, key, seq, value FROM {s}.session_registers"
+            " WHERE session_id = %s AND namespace = %s AND key >= %s AND starts_with(key, %s)"
+            " ORDER BY key"
+        )
+        self.all_registers = q(
+            "SELECT namespace, key, seq, value FROM {s}.session_registers"
+            " WHERE session_id = %s ORDER BY namespace, key"
+        )
+        usage_cols = "id, seq, entry_id, adjustment, usage, details"
+        self.insert_usage = q(
+            f"INSERT INTO {{s}}.session_usage_ledger (session_id, {usage_cols})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+        )
+        self.usage_rows = q(
+            f"SELECT {usage_cols} FROM {{s}}.session_usage_ledger WHERE session_id = %s"
+            " ORDER BY seq"
+        )
+        # -- branch index
+        self.segment = q(
+            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
+            " WHERE session_id = %s AND branch_id = %s"
+        )
+        self.segment_by_tip = q(
+            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
+            " WHERE session_id = %s AND tip_entry_id = %s"
+        )
+        self.covering_segment = q(
+            "SELECT m.branch_id, m.tip_entry_id, m.tip_seq, m.base_branch_id, m.base_seq"
+            " FROM {s}.session_branch_entries AS e JOIN {s}.session_branch_meta AS m"
+            " ON m.session_id = e.session_id AND m.branch_id = e.branch_id"
+            " WHERE e.session_id = %s AND e.entry_id = %s AND coalesce(m.base_seq, 0) < %s"
+            " AND %s <= m.tip_seq ORDER BY m.tip_seq DESC, m.branch_id LIMIT 1"
+        )
+        self.newest_row_of_type = q(
+            "SELECT entry_id, entry_seq, entry_type FROM {s}.session_branch_entries"
+            " WHERE session_id = %s AND branch_id = %s AND entry_type = %s"
+            " AND entry_seq > %s AND entry_seq <= %s ORDER BY entry_seq DESC LIMIT 1"
+        )
+        be_where = (
+            " WHERE be.session_id = %s AND be.branch_id = %s AND be.entry_seq > %s"
+            " AND be.entry_seq <= %s"
+        )
+        self.rows = {
+            order: q(
+                "SELECT be.entry_id, be.entry_seq, be.entry_type"
+                " FROM {s}.session_branch_entries AS be"
+                + be_where
+                + f" ORDER BY be.entry_seq {order} LIMIT %s"
+            )
+            for order in ("ASC", "DESC")
+        }
+        self.rows_with_entries = {
+            order: q(
+                "SELECT be.entry_id, be.entry_seq, be.entry_type, x.id, x.parent_id, x.seq,"
+                " x.type, x.custom_type, x.timestamp, x.payload"
+                " FROM {s}.session_branch_entries AS be"
+                " LEFT JOIN {s}.session_entries AS x"
+                " ON x.session_id = be.session_id AND x.id = be.entry_id"
+                + be_where
+                + f" ORDER BY be.entry_seq {order} LIMIT %s"
+            )
+            for order in ("ASC", "DESC")
+        }
+        self.insert_segment = q(
+            f"INSERT INTO {{s}}.session_branch_meta (session_id, {seg_cols})"
+            " VALUES (%s, %s, %s, %s, %s, %s)"
+        )
+        self.move_tip = q(
+            "UPDATE {s}.session_branch_meta SET tip_entry_id = %s, tip_seq = %s"
+            " WHERE session_id = %s AND branch_id = %s"
+        )
+        self.insert_branch_row = q(
+            "INSERT INTO {s}.session_branch_entries"
+            " (session_id, branch_id, entry_id, entry_seq, entry_type) VALUES (%s, %s, %s, %s, %s)"
+        )
+        # -- listing
+        self.list_sessions = q(
+            "SELECT s.id, s.created_at, s.parent_session_id, s.storage_version, s.message_count,"
+            " s.usage_payload, s.next_seq, l.owner_id, l.generation,"
+            " (extract(epoch FROM l.expires_at) * 1000)::bigint"
+            " FROM {s}.sessions AS s LEFT JOIN {s}.leases AS l ON l.resource_id = s.resource_id"
+            " AND l.owner_id IS NOT NULL AND l.expires_at > clock_timestamp()"
+            " WHERE %s::text IS NULL OR s.id = %s"
+        )
+
+
+def entry_from_row(row: Sequence[Any]) -> Entry:
+    """An `Entry` from `(id, parent_id, seq, type, custom_type, timestamp, payload)`."""
+    entry_id, parent_id, seq, type_, custom_type, timestamp, payload = row
+    if type_ not in ENTRY_TYPES:
+        raise SessionCorruptError(f"entry {entry_id} has unknown type {type_!r}")
+    return Entry(entry_id, parent_id, int(seq), type_, custom_type, int(timestamp), payload)
+
+
+def _segment(row: Sequence[Any] | None) -> Segment | None:
+    return None if row is None else Segment(row[0], row[1], int(row[2]), row[3], row[4])
+
+
+# --- the branch index on PostgreSQL ------------------------------------------------------
+
+
+class PgBranchIndex(BranchIndexStore):
+    """The `session_branch_*` tables as a `BranchIndexStore`, in the caller's transaction.
+
+    Writes are buffered and sent in batches by `flush()`: appending a chain of
+    entries (rule 2, the common case) then costs no round trip per entry. Any
+    read the cache cannot answer flushes first, so reads always see every write.
+    With `load_entries`, `rows()` also fetches the entries themselves (one
+    round trip per page instead of one per entry); `load()` hands them out.
+    """
+
+    def __init__(self, conn: Conn, q: _Sql, session_id: str, *, load_entries: bool = False):
+        self.conn = conn
+        self.q = q
+        self.session_id = session_id
+        self.load_entries = load_entries
+        self.loaded: dict[str, Entry] = {}
+        # Every segment read or written in this transaction, as it is now.
+        self._segments: dict[str, Segment] = {}
+        self._by_tip: dict[str, str] = {}
+        self._new: list[Segment] = []
+        self._new_ids: set[str] = set()
+        self._moved: set[str] = set()
+        self._rows: list[tuple[str, str, str, int, str]] = []
+
+    def _remember(self, segment: Segment | None) -> Segment | None:
+        if segment is not None:
+            old = self._segments.get(segment.branch_id)
+            if old is not None:
+                return old  # ours is newer than anything flushed
+            self._segments[segment.branch_id] = segment
+            self._by_tip[segment.tip_entry_id] = segment.branch_id
+        return segment
+
+    def flush(self) -> None:
+        """Send buffered segment inserts, tip moves and rows."""
+        sid = self.session_id
+        with self.conn.cursor() as cur:
+            if self._new:
+                cur.executemany(
+                    self.q.insert_segment,
+                    [
+                        (sid, s.branch_id, s.tip_entry_id, s.tip_seq, s.base_branch_id, s.base_seq)
+                        for s in (self._segments[n.branch_id] for n in self._new)
+                    ],
+                )
+            if self._moved:
+                cur.executemany(
+                    self.q.move_tip,
+                    [
+                        (s.tip_entry_id, s.tip_seq, sid, s.branch_id)
+                        for s in (self._segments[b] for b in sorted(self._moved))
+                    ],
+                )
+            if self._rows:
+                cur.executemany(self.q.insert_branch_row, self._rows)
+        self._new.clear()
+        self._new_ids.clear()
+        self._moved.clear()
+        self._rows.clear()
+
+    def segment(self, branch_id: str) -> Segment | None:
+        if branch_id in self._segments:
+            return self._segments[branch_id]
+        self.flush()
+        row = self.conn.execute(self.q.segment, (self.session_id, branch_id)).fetchone()
+        return self._remember(_segment(row))
+
+    def segment_by_tip(self, tip_entry_id: str) -> Segment | None:
+        branch_id = self._by_tip.get(tip_entry_id)
+        if branch_id is not None:
+            return self._segments[branch_id]
+        self.flush()
+        row = self.conn.execute(self.q.segment_by_tip, (self.session_id, tip_entry_id)).fetchone()
+        return self._remember(_segment(row))
+
+    def covering_segment(self, entry_id: str, entry_seq: int) -> Segment | None:
+        self.flush()
+        row = self.conn.execute(
+            self.q.covering_segment, (self.session_id, entry_id, entry_seq, entry_seq)
+        ).fetchone()
+        return self._remember(_segment(row))
+
+    def newest_row_of_type(
+        self, branch_id: str, entry_type: str, above_seq: int, upto_seq: int
+    ) -> BranchRow | None:
+        self.flush()
+        row = self.conn.execute(
+            self.q.newest_row_of_type,
+            (self.session_id, branch_id, entry_type, above_seq, upto_seq),
+        ).fetchone()
+        return None if row is None else BranchRow(row[0], int(row[1]), row[2])
+
+    def rows(
+        self, branch_id: str, above_seq: int, upto_seq: int, newest_first: bool
+    ) -> Iterator[BranchRow]:
+        """Pages of `SCAN_PAGE` rows by keyset, so a scan with a small limit reads little."""
+        self.flush()
+        order = "DESC" if newest_first else "ASC"
+        query = (self.q.rows_with_entries if self.load_entries else self.q.rows)[order]
+        low, high = above_seq, upto_seq
+        while high > low:
+            page = self.conn.execute(
+                query, (self.session_id, branch_id, low, high, SCAN_PAGE)
+            ).fetchall()
+            for r in page:
+                if self.load_entries and r[3] is not None:
+                    self.loaded[r[0]] = entry_from_row(r[3:])
+                yield BranchRow(r[0], int(r[1]), r[2])
+            if len(page) < SCAN_PAGE:
+                return
+            last = int(page[-1][1])
+            if newest_first:
+                high = last - 1
+            else:
+                low = last
+
+    def add_segment(self, segment: Segment) -> None:
+        if segment.branch_id in self._segments or segment.tip_entry_id in self._by_tip:
+            raise SessionCorruptError(f"segment {segment.branch_id} already exists")
+        self._segments[segment.branch_id] = segment
+        self._by_tip[segment.tip_entry_id] = segment.branch_id
+        self._new.append(segment)
+        self._new_ids.add(segment.branch_id)
+
+    def move_tip(self, branch_id: str, tip_entry_id: str, tip_seq: int) -> None:
+        old = self.segment(branch_id)
+        if old is None:
+            raise SessionCorruptError(f"corrupt branch index: no segment {branch_id}")
+        self._by_tip.pop(old.tip_entry_id, None)
+        self._segments[branch_id] = Segment(
+            branch_id, tip_entry_id, tip_seq, old.base_branch_id, old.base_seq
+        )
+        self._by_tip[tip_entry_id] = branch_id
+        if branch_id not in self._new_ids:
+            self._moved.add(branch_id)
+
+    def add_rows(self, branch_id: str, rows: Sequence[BranchRow]) -> None:
+        sid = self.session_id
+        self._rows.extend((sid, branch_id, r.entry_id, r.entry_seq, r.entry_type) for r in rows)
+
+    def load(self, row: BranchRow) -> Entry:
+        """The entry of a row returned by `rows()` (fetched with it when possible)."""
+        entry = self.loaded.pop(row.entry_id, None)
+        if entry is not None:
+            return entry
+        found = self.conn.execute(self.q.get_entry, (self.session_id, row.entry_id)).fetchone()
+        if found is None:
+            raise SessionCorruptError(
+                f"corrupt branch index: indexed entry {row.entry_id!r} does not exist"
+            )
+        return entry_from_row(found)
+
+
+# --- writing ----------------------------------------------------------------------------
+
+
+class _SeqMoved(Exception):
+    """The session's next_seq is not what the handle expected (internal; retried)."""
+
+    def __init__(self, next_seq: int) -> None:
+        super().__init__(next_seq)
+        self.next_seq = next_seq
+
+
+def _insert_entries(conn: Conn, q: _Sql, session_id: str, entries: Sequence[Entry]) -> None:
+    if entries:
+        with conn.cursor() as cur:
+            cur.executemany(
+                q.insert_entry,
+                [
+                    (
+                        session_id,
+                        e.id,
+                        e.parent_id,
+                        e.seq,
+                        e.type,
+                        e.custom_type,
+                        e.timestamp,
+                        e.payload_json,
+                    )
+                    for e in entries
+                ],
+            )
+
+
+def write_plan_rows(
+    conn: Conn,
+    q: _Sql,
+    session_id: str,
+    plan: ForkPlan,
+    created_at: int | None,
+) -> None:
+    """Insert a new session built from a plan (caller's transaction). The entries
+    go through the branch index in seq order; an existing id fails."""
+    cur = conn.execute(
+        q.insert_session,
+        (
+            session_id,
+            resource_id(RESOURCE_TYPE, session_id),
+            created_at,
+            plan.parent_session_id,
+            STORAGE_VERSION,
+            plan.message_count,
+            EMPTY_USAGE_JSON,
+            plan.next_seq,
+        ),
+    )
+    if cur.rowcount != 1:
+        raise SessionExistsError(f"session {session_id} already exists")
+    index = PgBranchIndex(conn, q, session_id)
+    seqs: dict[str, int] = {}
+    for entry in sorted(plan.entries, key=lambda e: e.seq):
+        parent_seq = None if entry.parent_id is None else seqs.get(entry.parent_id)
+        if entry.parent_id is not None and parent_seq is None:
+            raise UnknownEntryError(f"entry {entry.id!r} has a missing parent {entry.parent_id!r}")
+        if entry.id in seqs:
+            raise DuplicateIdError(f"id {entry.id!r} appears twice in the plan")
+        index_entry(index, entry.id, entry.seq, entry.type, entry.parent_id, parent_seq)
+        seqs[entry.id] = entry.seq
+    index.flush()
+    _insert_entries(conn, q, session_id, plan.entries)
+    if plan.registers:
+        with conn.cursor() as c:
+            c.executemany(
+                q.upsert_register,
+                [(session_id, r.namespace, r.key, r.seq, r.value_json) for r in plan.registers],
+            )
+
+
+def new_session_plan(parent_session_id: str | None) -> ForkPlan:
+    """A new empty session: lane.leaf/main = null (seq 1), lane.state/main idle (seq 2)."""
+    return ForkPlan(
+        entries=(),
+        registers=(
+            Register("lane.leaf", MAIN_LANE, 1, "null"),
+            Register("lane.state", MAIN_LANE, 2, IDLE_LANE_STATE_JSON),
+        ),
+        message_count=0,
+        next_seq=3,
+        parent_session_id=parent_session_id,
+    )
+
+
+def _write_commit(
+    conn: Conn,
+    q: _Sql,
+    session_id: str,
+    prepared: Sequence[Prepared],
+    expected_seq: int,
+    fixed_now: int | None,
+) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
+    """The session half of a commit, inside the mutation's transaction."""
+    row = conn.execute(q.lock_session, (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFoundError(f"session {session_id} does not exist")
+    next_seq, message_count, usage_text, db_now = int(row[0]), int(row[1]), row[2], int(row[3])
+    if next_seq != expected_seq:
+        raise _SeqMoved(next_seq)
+    now = db_now if fixed_now is None else fixed_now
+    usage: dict[str, Any] = load_json(usage_text)
+
+    explicit: list[str] = []
+    parents: set[str] = set()
+    for item in prepared:
+        w = item.write
+        if isinstance(w, AppendEntry | AddUsage) and w.id is not None:
+            explicit.append(w.id)
+        if isinstance(w, AppendEntry) and w.parent_id is not None:
+            parents.add(w.parent_id)
+    if len(set(explicit)) != len(explicit):
+        dup = next(i for i in explicit if explicit.count(i) > 1)
+        raise DuplicateIdError(f"id {dup!r} is used twice in one commit")
+    # One round trip each for the parents' seqs and the id checks of the whole commit.
+    lookup = sorted(parents | set(explicit))
+    known: dict[str, int] = {}
+    if lookup:
+        known = {
+            r[0]: int(r[1]) for r in conn.execute(q.known_entries, (session_id, lookup)).fetchall()
+        }
+    taken = [i for i in explicit if i in known]
+    if explicit and not taken:
+        taken = [r[0] for r in conn.execute(q.known_usage, (session_id, explicit)).fetchall()]
+    if taken:
+        raise DuplicateIdError(f"id {taken[0]!r} is already used by an entry or usage row")
+
+    index = PgBranchIndex(conn, q, session_id)
+    entries: list[Entry] = []
+    usage_rows: list[UsageRow] = []
+    ids: list[str | None] = []
+    seq = expected_seq
+    for item in prepared:
+        w = item.write
+        if isinstance(w, AppendEntry):
+            assert item.text is not None
+            entry_id = w.id or uuid7(now)
+            parent_seq: int | None = None
+            if w.parent_id is not None:
+                parent_seq = known.get(w.parent_id)
+                if parent_seq is None:
+                    raise UnknownEntryError(f"parent entry {w.parent_id!r} does not exist")
+            entry = Entry(entry_id, w.parent_id, seq, w.type, w.custom_type, now, item.text)
+            index_entry(index, entry_id, seq, w.type, w.parent_id, parent_seq)
+            known[entry_id] = seq
+            entries.append(entry)
+            if w.type == "message":
+                message_count += 1
+            ids.append(entry_id)
+        elif isinstance(w, AddUsage):
+            assert item.text is not None
+            usage_id = w.id or uuid7(now)
+            usage_rows.append(
+                UsageRow(usage_id, seq, w.entry_id, w.adjustment, item.text, item.details)
+            )
+            usage = sum_usage(usage, w.usage)
+            ids.append(usage_id)
+        elif isinstance(w, SetRegister):
+            conn.execute(q.upsert_register, (session_id, w.namespace, w.key, seq, item.text))
+            ids.append(None)
+        else:
+            assert isinstance(w, DeleteRegister)
+            conn.execute(q.delete_register, (session_id, w.namespace, w.key))
+            ids.append(None)
+        seq += 1
+    index.flush()
+    _insert_entries(conn, q, session_id, entries)
+    if usage_rows:
+        with conn.cursor() as cur:
+            cur.executemany(
+                q.insert_usage,
+                [
+                    (
+                        session_id,
+                        u.id,
+                        u.seq,
+                        u.entry_id,
+                        int(u.adjustment),
+                        u.usage_json,
+                        u.details_json,
+                    )
+                    for u in usage_rows
+                ],
+            )
+    conn.execute(
+        q.update_session, (seq, message_count, dump_json(usage, "usage_payload"), session_id)
+    )
+    return CommitResult(expected_seq, seq, now, tuple(ids)), entries, usage_rows
+
+
+def _translate_unique(exc: psycopg.errors.UniqueViolation) -> SessionError:
+    constraint = exc.diag.constraint_name or ""
+    if "sessions" in constraint and "pkey" in constraint:
+        return SessionExistsError(str(exc.diag.message_detail or exc).strip())
+    return DuplicateIdError(f"an id is already used: {exc.diag.message_detail or exc}")
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+@contextmanager
+def _read_transaction(store: PostgresStore, q: _Sql) -> Iterator[Conn]:
+    """A repeatable-read, read-only transaction: one consistent view of a session."""
+    with store.connection() as conn, conn.transaction():
+        conn.execute(q.read_only)
+        yield conn
+
+
+def _read_snapshot(conn: Conn, q: _Sql, session_id: str) -> SessionSnapshot:
+    row = conn.execute(q.session_row, (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFoundError(f"session {session_id} does not exist")
+    _check_version(session_id, int(row[2]))
+    entries = tuple(entry_from_row(r) for r in conn.execute(q.all_entries, (session_id,)))
+    registers = tuple(
+        Register(r[0], r[1], int(r[2]), r[3]) for r in conn.execute(q.all_registers, (session_id,))
+    )
+    return SessionSnapshot(entries, registers, row[1])
+
+
+def _check_version(session_id: str, version: int) -> None:
+    if version > STORAGE_VERSION:
+        raise SessionVersionError(
+            f"session {session_id} has storage_version {version}, newer than {STORAGE_VERSION}"
+        )
+    if version < STORAGE_VERSION:
+        raise SessionVersionError(
+            f"session {session_id} has storage_version {version}, which requires migrations"
+        )
+
+
+# --- the handle ---------------------------------------------------------------------------
+
+
+def _renew_loop(ref: weakref.ref[PostgresSession], stop: threading.Event, interval: float) -> None:
+    """Background renewal, holding the handle weakly (a dropped handle's lease
+    expires). Transient errors are retried until the trust window closes."""
+    last = time.monotonic()
+    while not stop.wait(interval):
+        handle = ref()
+        if handle is None:
+            return
+        try:
+            handle.renew()
+            now = time.monotonic()
+            if now - last > interval * 1.5:
+                log.warning(
+                    "session %s: lease renewal came %.3f s late", handle.id, now - last - interval
+                )
+            last = now
+        except (WriterLeaseLostError, SessionClosedError):
+            return
+        except (DatabaseUnavailableError, psycopg.Error) as exc:
+            log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
+            if handle.trust_expired():
+                handle.give_up("its lease could not be renewed before it ran out")
+                return
+        finally:
+            del handle
+
+
+class PostgresSession:
+    """A writer handle on a session in PostgreSQL, holding its writer lease.
+
+    Created by `PostgresSessionRepository.create/open/fork/import_file`. Same
+    API as `SqliteSession`; once the lease is lost every call but `close()`
+    raises `WriterLeaseLostError`.
+    """
+
+    def __init__(
+        self,
+        *,
+        repository: PostgresSessionRepository,
+        session_id: str,
+        claim: Claim,
+        claimed_at: float,
+        revision: int,
+        next_seq: int,
+    ) -> None:
+        self._repo = repository
+        self._store = repository.store
+        self._q = repository._q
+        self._id = session_id
+        self._rid = claim.resource_id
+        self._claim = claim
+        self._revision = revision
+        self._next_seq = next_seq
+        self._lease_seconds = repository.lease_seconds
+        # Trust the lease until `request start + ttl` on our monotonic clock.
+        self._trusted_until = claimed_at + repository.lease_seconds
+        self._lock = threading.RLock()
+        self._closed = False
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if repository.renew_interval is not None:
+            self._thread = threading.Thread(
+                target=_renew_loop,
+                args=(weakref.ref(self), self._stop, repository.renew_interval),
+                name=f"pglease-session-renew-{session_id}",
+                daemon=True,
+            )
+            self._thread.start()
+
+    # -- identity --
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def resource_id(self) -> str:
+        """The pglease resource `("session", id)` carrying the writer lease."""
+        return self._rid
+
+    @property
+    def owner_id(self) -> str:
+        return self._claim.owner.id
+
+    @property
+    def owner(self) -> Owner:
+        return self._claim.owner
+
+    @property
+    def fence(self) -> int:
+        """The lease generation: the fencing token."""
+        return self._claim.generation
+
+    @property
+    def revision(self) -> int:
+        """The resource revision after this handle's last renew or commit."""
+        return self._revision
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"<PostgresSession {self._id} fence={self.fence} owner={self.owner_id}>"
+
+    def __enter__(self) -> PostgresSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- lease --
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise SessionClosedError(f"session {self._id} handle is closed")
+        if self.lost.is_set():
+            raise WriterLeaseLostError(
+                f"session {self._id}: writer lease was lost (fence {self.fence}); "
+                "this handle refuses further work"
+            )
+
+    def _mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
+        first = not self.lost.is_set()
+        self.lost.set()
+        self._stop.set()
+        if first and self._repo.on_lost is not None:
+            try:
+                self._repo.on_lost(self)
+            except Exception:
+                log.exception("on_lost callback of session %s failed", self._id)
+        return WriterLeaseLostError(
+            f"session {self._id}: writer lease was lost (owner {self.owner}, "
+            f"fence {self.fence} {why})"
+        )
+
+    def trust_expired(self) -> bool:
+        """True once the lease may have run out by our own monotonic clock."""
+        return time.monotonic() >= self._trusted_until
+
+    def give_up(self, why: str) -> None:
+        """Stop trusting the lease (called by the renewer)."""
+        with self._lock:
+            self._mark_lost(why)
+
+    def renew(self) -> None:
+        """Extend the lease by `lease_seconds`; a lost lease -> `WriterLeaseLostError`."""
+        with self._lock:
+            self._usable()
+            started = time.monotonic()
+            try:
+                claim = self._store.renew(self._claim, self._lease_seconds)
+            except LeaseLostError as exc:
+                raise self._mark_lost(f"no longer current: {exc}") from None
+            self._claim = claim
+            self._revision = claim.revision
+            self._trusted_until = started + self._lease_seconds
+
+    def close(self) -> None:
+        """Stop renewing, release the lease (if still ours); the handle is done."""
+        with self._lock:
+            if self._closed:
+                return
+            self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                if not self.lost.is_set():
+                    self._store.release(self._claim)
+            except (LeaseLostError, DatabaseUnavailableError, psycopg.Error) as exc:
+                # a stale holder cannot release its successor's lease; nothing to undo
+                log.warning("session %s: releasing the lease failed: %s", self._id, exc)
+            finally:
+                self._closed = True
+                self._repo._forget(self)
+
+    # -- writes --
+
+    def _commit(self, writes: Sequence[Write]) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
+        prepared = prepare_writes(writes)
+        counts = {"entries": 0, "usage": 0, "registers": 0}
+        for item in prepared:
+            if isinstance(item.write, AppendEntry):
+                counts["entries"] += 1
+            elif isinstance(item.write, AddUsage):
+                counts["usage"] += 1
+            else:
+                counts["registers"] += 1
+        fixed_now = None if self._repo.now_ms is None else self._repo.now_ms()
+        with self._lock:
+            self._usable()
+            for attempt in (1, 2):
+                first = self._next_seq
+                payload = {
+                    "session": self._id,
+                    "first_seq": first,
+                    "next_seq": first + len(prepared),
+                    **counts,
+                }
+
+                def apply(conn: Conn, first: int = first) -> Any:
+                    return _write_commit(conn, self._q, self._id, prepared, first, fixed_now)
+
+                try:
+                    result = self._store.mutate(
+                        Permit(self._rid, self._revision, self._claim),
+                        "session.commit",
+                        apply,
+                        payload,
+                    )
+                except LeaseLostError as exc:
+                    raise self._mark_lost(f"no longer current: {exc}") from None
+                except StaleResourceError as exc:
+                    # The lease was checked first and is ours: the revision moved
+                    # under us (a renew whose reply we missed). Adopt it and retry.
+                    if attempt == 2 or exc.actual is None:
+                        raise
+                    self._revision = exc.actual
+                    continue
+                except _SeqMoved as exc:
+                    if attempt == 2:
+                        raise SessionCorruptError(
+                            f"session {self._id}: next_seq moved under the writer lease"
+                        ) from None
+                    self._next_seq = exc.next_seq
+                    continue
+                except psycopg.errors.UniqueViolation as exc:
+                    raise _translate_unique(exc) from None
+                self._revision = result.revision
+                value: tuple[CommitResult, list[Entry], list[UsageRow]] = result.value
+                self._next_seq = value[0].next_seq
+                return value
+        raise AssertionError("unreachable")
+
+    def commit(self, writes: Sequence[Write]) -> CommitResult:
+        """Apply `writes` atomically, fenced by the writer lease: seqs next_seq..,
+        one timestamp, one `session.commit` event."""
+        return self._commit(writes)[0]
+
+    def append_entry(
+        self,
+        type: str,
+        parent_id: str | None,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        custom_type: str | None = None,
+        id: str | None = None,
+    ) -> Entry:
+        _, entries, _ = self._commit([AppendEntry(type, parent_id, payload or {}, custom_type, id)])
+        return entries[0]
+
+    def append_message(
+        self,
+        parent_id: str | None,
+        message: Any,
+        *,
+        terminate: bool | None = None,
+        id: str | None = None,
+    ) -> Entry:
+        payload: dict[str, Any] = {"message": message}
+        if terminate is not None:
+            payload["terminate"] = terminate
+        return self.append_entry("message", parent_id, payload, id=id)
+
+    def set_register(self, namespace: str, key: str, value: Any) -> int:
+        """Upsert a register; returns the seq it was written at."""
+        return self.commit([SetRegister(namespace, key, value)]).first_seq
+
+    def delete_register(self, namespace: str, key: str) -> int:
+        """Delete a register (no tombstone); the delete still takes a seq."""
+        return self.commit([DeleteRegister(namespace, key)]).first_seq
+
+    def add_usage(
+        self,
+        usage: dict[str, Any],
+        *,
+        entry_id: str | None = None,
+        adjustment: bool = False,
+        details: Any = None,
+        id: str | None = None,
+    ) -> UsageRow:
+        _, _, rows = self._commit([AddUsage(usage, entry_id, adjustment, details, id)])
+        return rows[0]
+
+    # -- reads --
+
+    @contextmanager
+    def _conn(self) -> Iterator[Conn]:
+        with self._lock:
+            self._usable()
+        with self._store.connection() as conn:
+            yield conn
+
+    def get_entry(self, entry_id: str) -> Entry | None:
+        with self._conn() as conn:
+            row = conn.execute(self._q.get_entry, (self._id, entry_id)).fetchone()
+        return None if row is None else entry_from_row(row)
+
+    def scan_entries(
+        self,
+        *,
+        after_seq: int = 0,
+        limit: int | None = None,
+        types: Iterable[str] | None = None,
+    ) -> list[Entry]:
+        """Entries with `seq > after_seq` in seq order, optionally of some types."""
+        if limit is not None and limit < 0:
+            raise InvalidSessionWriteError(f"limit must be >= 0, got {limit}")
+        wanted = None if types is None else list(types)
+        with self._conn() as conn:
+            rows = conn.execute(
+                self._q.scan_entries, (self._id, after_seq, wanted, wanted, limit)
+            ).fetchall()
+        return [entry_from_row(r) for r in rows]
+
+    def scan_branch(
+        self,
+        leaf_id: str,
+        *,
+        newest_first: bool = True,
+        stop_type: str | None = None,
+        stop_id: str | None = None,
+        types: Iterable[str] | None = None,
+        custom_type: str | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        """The path from `leaf_id` to the root through the branch index, in one
+        consistent read. See `BranchQuery` for the options."""
+        query = BranchQuery(
+            newest_first=newest_first,
+            stop_type=stop_type,
+            stop_id=stop_id,
+            types=None if types is None else frozenset(types),
+            custom_type=custom_type,
+            cursor=cursor,
+            limit=limit,
+        )
+        with self._lock:
+            self._usable()
+        with _read_transaction(self._store, self._q) as conn:
+            row = conn.execute(self._q.get_entry, (self._id, leaf_id)).fetchone()
+            if row is None:
+                raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
+            index = PgBranchIndex(conn, self._q, self._id, load_entries=True)
+            return _scan_branch(index, entry_from_row(row), query, index.load)
+
+    def get_register(self, namespace: str, key: str) -> Register | None:
+        with self._conn() as conn:
+            row = conn.execute(self._q.get_register, (self._id, namespace, key)).fetchone()
+        return None if row is None else Register(row[0], row[1], int(row[2]), row[3])
+
+    def list_registers(self, namespace: str, prefix: str = "") -> list[Register]:
+        """Registers of `namespace` whose key starts with `prefix`, ordered by key."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                self._q.list_registers, (self._id, namespace, prefix, prefix)
+            ).fetchall()
+        return [Register(r[0], r[1], int(r[2]), r[3]) for r in rows]
+
+    def usage_rows(self) -> list[UsageRow]:
+        with self._conn() as conn:
+            rows = conn.execute(self._q.usage_rows, (self._id,)).fetchall()
+        return [UsageRow(r[0], int(r[1]), r[2], bool(r[3]), r[4], r[5]) for r in rows]
+
+    def stats(self) -> SessionStats:
+        with self._lock:
+            self._usable()
+        with _read_transaction(self._store, self._q) as conn:
+            row = conn.execute(self._q.session_row, (self._id,)).fetchone()
+            if row is None:
+                raise SessionNotFoundError(f"session {self._id} does not exist")
+            count = conn.execute(self._q.entry_count, (self._id,)).fetchone()
+        assert count is not None
+        return SessionStats(
+            created_at=int(row[0]),
+            parent_session_id=row[1],
+            message_count=int(row[3]),
+            usage=load_json(row[4]),
+            next_seq=int(row[5]),
+            entry_count=int(count[0]),
+        )
+
+    def snapshot(self) -> SessionSnapshot:
+        with self._lock:
+            self._usable()
+        return self._repo.snapshot(self._id)
+
+
+# --- the repository -------------------------------------------------------------------------
+
+
+def _owner_id() -> str:
+    host = socket.gethostname()[:100] or "host"
+    return f"{host}/{os.getpid()}/{uuid7()}"
+
+
+class PostgresSessionRepository:
+    """Sessions in the `session_*` tables of a `PostgresStore`'s schema.
+
+    `lease_seconds` / `renew_interval` set the writer lease of the handles it
+    opens (30 s / 15 s; `renew_interval=None` disables background renewal).
+    `now_ms`, when given, replaces the database clock for timestamps (tests);
+    lease expiry is always judged by the database clock. `on_lost` is called
+    when a handle finds its lease lost.
+    """
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        lease_seconds: float = 30.0,
+        renew_interval: float | None = 15.0,
+        now_ms: NowMs | None = None,
+        on_lost: Callable[[PostgresSession], None] | None = None,
+    ) -> None:
+        if not lease_seconds > 0:
+            raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+        if renew_interval is not None and not 0 < renew_interval < lease_seconds:
+            raise InvalidSessionWriteError(
+                f"renew_interval must be between 0 and lease_seconds, got {renew_interval!r}"
+            )
+        self.store = store
+        self.lease_seconds = lease_seconds
+        self.renew_interval = renew_interval
+        self.now_ms = now_ms
+        self.on_lost = on_lost
+        self._q = _Sql(store.schema)
+        self._lock = threading.Lock()
+        self._open: weakref.WeakSet[PostgresSession] = weakref.WeakSet()
+
+    def __enter__(self) -> PostgresSessionRepository:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every handle this repository opened (the store stays open)."""
+        with self._lock:
+            handles = list(self._open)
+        for handle in handles:
+            handle.close()
+
+    def _forget(self, handle: PostgresSession) -> None:
+        with self._lock:
+            self._open.discard(handle)
+
+    # -- opening --
+
+    def exists(self, session_id: str) -> bool:
+        check_session_id(session_id)
+        with self.store.connection() as conn:
+            return conn.execute(self._q.session_exists, (session_id,)).fetchone() is not None
+
+    def _held_error(self, session_id: str, rid: str) -> SessionAlreadyClaimedError:
+        lease = self.store.get(rid).lease
+        holder = lease.owner.id if lease.owner else "(released meanwhile)"
+        until = lease.expires_at.isoformat() if lease.expires_at else "-"
+        return SessionAlreadyClaimedError(
+            f"session {session_id} is already claimed by writer {holder}: the lease is "
+            f"already held by {lease.owner} (generation {lease.generation}) until {until}"
+        )
+
+    def _claim(self, session_id: str, rid: str, wait: float | None) -> tuple[Claim, float]:
+        owner = Owner(OWNER_TYPE, _owner_id())
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            started = time.monotonic()
+            claim = self.store.claim(rid, owner, self.lease_seconds)
+            if claim is not None:
+                return claim, started
+            if deadline is None or started >= deadline:
+                raise self._held_error(session_id, rid)
+            # A simple poll; the fleet runtime's blocking acquire wakes at expiry.
+            time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+
+    def _handle(
+        self, session_id: str, claim: Claim, started: float, revision: int, next_seq: int
+    ) -> PostgresSession:
+        handle = PostgresSession(
+            repository=self,
+            session_id=session_id,
+            claim=claim,
+            claimed_at=started,
+            revision=revision,
+            next_seq=next_seq,
+        )
+        with self._lock:
+            self._open.add(handle)
+        return handle
+
+    def open(self, session_id: str, *, wait: float | None = None) -> PostgresSession:
+        """Open an existing session and claim its writer lease.
+
+        Another live holder -> `SessionAlreadyClaimedError` naming it, or with
+        `wait` seconds, keep trying until then.
+        """
+        check_session_id(session_id)
+        with self.store.connection() as conn:
+            row = conn.execute(self._q.session_exists, (session_id,)).fetchone()
+        if row is None:
+            raise SessionNotFoundError(f"session {session_id} does not exist")
+        _check_version(session_id, int(row[0]))
+        rid = resource_id(RESOURCE_TYPE, session_id)
+        claim, started = self._claim(session_id, rid, wait)
+        try:
+            with self.store.connection() as conn:
+                found = conn.execute(self._q.session_row, (session_id,)).fetchone()
+            if found is None:
+                raise SessionNotFoundError(f"session {session_id} was deleted")
+        except BaseException:
+            self._release_quietly(claim)
+            raise
+        return self._handle(session_id, claim, started, claim.revision, int(found[5]))
+
+    def _release_quietly(self, claim: Claim) -> None:
+        try:
+            self.store.release(claim)
+        except (LeaseLostError, DatabaseUnavailableError, psycopg.Error) as exc:
+            log.warning("releasing %s failed: %s", claim.resource_id, exc)
+
+    def _create_from_plan(self, session_id: str, plan: ForkPlan, event: str) -> PostgresSession:
+        rid = self.store.ensure_resource(RESOURCE_TYPE, session_id)
+        if self.exists(session_id):
+            raise SessionExistsError(f"session {session_id} already exists")
+        claim, started = self._claim(session_id, rid, None)
+        created_at = None if self.now_ms is None else self.now_ms()
+        payload = {
+            "session": session_id,
+            "parent_session_id": plan.parent_session_id,
+            "entries": len(plan.entries),
+            "next_seq": plan.next_seq,
+        }
+
+        def apply(conn: Conn) -> None:
+            write_plan_rows(conn, self._q, session_id, plan, created_at)
+
+        try:
+            result = self.store.mutate(Permit(rid, claim.revision, claim), event, apply, payload)
+        except psycopg.errors.UniqueViolation as exc:
+            self._release_quietly(claim)
+            raise _translate_unique(exc) from None
+        except BaseException:
+            self._release_quietly(claim)
+            raise
+        return self._handle(session_id, claim, started, result.revision, plan.next_seq)
+
+    def create(
+        self, id: str | None = None, parent_session_id: str | None = None
+    ) -> PostgresSession:
+        """Create a new empty session (lane.leaf/main = null at seq 1,
+        lane.state/main idle at seq 2, next_seq 3) and claim its lease."""
+        session_id = check_session_id(id) if id is not None else uuid7()
+        if parent_session_id is not None and not isinstance(parent_session_id, str):
+            raise InvalidSessionWriteError("parent_session_id must be a string or None")
+        return self._create_from_plan(
+            session_id, new_session_plan(parent_session_id), "session.created"
+        )
+
+    def create_from_plan(self, plan: ForkPlan, id: str | None = None) -> PostgresSession:
+        """Write a fork plan (from any backend's snapshot) as a new session and open it."""
+        session_id = check_session_id(id) if id is not None else uuid7()
+        return self._create_from_plan(session_id, plan, "session.forked")
+
+    def fork(
+        self,
+        source_id: str,
+        scope: ForkScope = "branch",
+        entry_id: str | None = None,
+        position: ForkPosition = "at",
+        id: str | None = None,
+    ) -> PostgresSession:
+        """Copy (part of) a session into a new PostgreSQL session and open it. The
+        source is read in one snapshot without touching its lease."""
+        source_id = check_session_id(source_id)
+        new_id = check_session_id(id) if id is not None else uuid7()
+        plan = plan_fork(self.snapshot(source_id), source_id, scope, entry_id, position)
+        return self.create_from_plan(plan, new_id)
+
+    # -- across stores --
+
+    def fork_to_file(
+        self,
+        source_id: str,
+        directory: str | os.PathLike[str],
+        scope: ForkScope = "branch",
+        entry_id: str | None = None,
+        position: ForkPosition = "at",
+        id: str | None = None,
+    ) -> Path:
+        """Fork a PostgreSQL session into a new `<directory>/<id>.sqlite` file in
+        the session file format (closed, no writer lease); return its path."""
+        source_id = check_session_id(source_id)
+        new_id = check_session_id(id) if id is not None else uuid7()
+        files = SessionRepository(directory, renew_interval=None)
+        if files.exists(new_id):
+            raise SessionExistsError(f"session {new_id} already exists ({files.path_for(new_id)})")
+        plan = plan_fork(self.snapshot(source_id), source_id, scope, entry_id, position)
+        return files.write_plan(plan, new_id)
+
+    def export_to_file(
+        self, source_id: str, directory: str | os.PathLike[str], id: str | None = None
+    ) -> Path:
+        """A tree fork into a file: every entry and lane."""
+        return self.fork_to_file(source_id, directory, "tree", id=id)
+
+    def import_file(self, path: str | os.PathLike[str], id: str | None = None) -> PostgresSession:
+        """Import a session file as a new PostgreSQL session whose parent is the
+        file's session (a tree fork: entries and lanes kept, usage not copied)."""
+        file_path = Path(path)
+        if file_path.suffix != ".sqlite":
+            raise InvalidSessionWriteError(f"{file_path} is not a .sqlite session file")
+        file_id = check_session_id(file_path.name[: -len(".sqlite")])
+        snapshot = _read_session_file(file_path)
+        plan = plan_fork(snapshot, file_id, "tree")
+        return self.create_from_plan(plan, id)
+
+    # -- reading without the lease --
+
+    def snapshot(self, session_id: str) -> SessionSnapshot:
+        """Entries (seq order) and registers in one consistent read, without
+        touching the writer lease."""
+        check_session_id(session_id)
+        with _read_transaction(self.store, self._q) as conn:
+            return _read_snapshot(conn, self._q, session_id)
+
+    def _infos(self, session_id: str | None) -> SessionListing:
+        with self.store.connection() as conn:
+            rows = conn.execute(self._q.list_sessions, (session_id, session_id)).fetchall()
+        listing = SessionListing()
+        for r in rows:
+            sid = r[0]
+            location = f"{self.store.schema}.sessions/{sid}"
+            try:
+                _check_version(sid, int(r[3]))
+                usage = json.loads(r[5])
+            except (SessionError, ValueError) as exc:
+                error = (
+                    exc
+                    if isinstance(exc, SessionError)
+                    else SessionCorruptError(f"session {sid} has invalid usage_payload")
+                )
+                listing.problems.append(SessionProblem(sid, location, error))
+                continue
+            lease = None if r[7] is None else LeaseInfo(r[7], int(r[8]), int(r[9]))
+            listing.sessions.append(
+                SessionInfo(
+                    id=sid,
+                    path=location,
+                    created_at=int(r[1]),
+                    parent_session_id=r[2],
+                    storage_version=int(r[3]),
+                    message_count=int(r[4]),
+                    usage=usage,
+                    next_seq=int(r[6]),
+                    lease=lease,
+                )
+            )
+        listing.sessions.sort(key=lambda s: (-s.created_at, s.id))
+        return listing
+
+    def list(self) -> SessionListing:
+        """Every session, newest `created_at` first; `lease` is the live writer
+        lease, if any (owner id, generation, expiry in ms)."""
+        return self._infos(None)
+
+    def info(self, session_id: str) -> SessionInfo:
+        """One session as `list()` reports it."""
+        check_session_id(session_id)
+        listing = self._infos(session_id)
+        if listing.problems:
+            raise listing.problems[0].error
+        if not listing.sessions:
+            raise SessionNotFoundError(f"session {session_id} does not exist")
+        return listing.sessions[0]
+
+    def delete(self, session_id: str) -> None:
+        """Delete a session and all its rows. Refused while a writer lease is live
+        (checked in the deleting transaction itself)."""
+        check_session_id(session_id)
+        if not self.exists(session_id):
+            raise SessionNotFoundError(f"session {session_id} does not exist")
+        rid = resource_id(RESOURCE_TYPE, session_id)
+
+        def apply(conn: Conn) -> None:
+            conn.execute(self._q.delete_session, (session_id,))
+
+        for attempt in (1, 2, 3):
+            revision = self.store.get(rid).revision
+            try:
+                self.store.mutate(
+                    Permit(rid, revision), "session.deleted", apply, {"session": session_id}
+                )
+                return
+            except ResourceLeasedError as exc:
+                raise SessionBusyError(f"session {session_id} is leased: {exc}") from None
+            except StaleResourceError:
+                if attempt == 3:
+                    raise
+
+
+__all__ = [
+    "OWNER_TYPE",
+    "RESOURCE_TYPE",
+    "PgBranchIndex",
+    "PostgresSession",
+    "PostgresSessionRepository",
+    "new_session_plan",
+    "write_plan_rows",
+]
