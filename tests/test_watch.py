@@ -392,3 +392,13 @@ def test_sync_and_async_share_a_hub(pg_store: PostgresStore) -> None:
 
     a, b = asyncio.run(main())
     assert a is b
+
+
+def test_watcher_events_equal_the_store_log(pg_store: PostgresStore) -> None:
+    rid = pg_store.ensure_resource("run", "same")
+    cycle(pg_store, rid)
+    pg_store.mutate(Permit(rid, 2), "run.note", payload={"k": [1, "x"]}, actor=B)
+    with Watcher(pg_store, after="start") as w:
+        got = drain(w, 3)
+    assert got == pg_store.events_after(None, 10)
+    assert got[-1].actor == B and got[-1].payload == {"k": [1, "x"]}

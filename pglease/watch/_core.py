@@ -8,6 +8,7 @@ catch-up reads to the hub's stream by comparing positions alone.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,10 +16,9 @@ from typing import Any, Literal
 
 from psycopg import sql
 
-from ..cursors import START, Position, decode_cursor, encode_cursor
+from ..cursors import START, Position, encode_cursor
 from ..errors import CursorExpiredError, ValidationError, WatchClosedError
-from ..postgres._core import parse_event
-from ..types import Event
+from ..types import Event, Owner
 from ..validation import check_event_type, check_resource_id, check_resource_type
 
 #: The biggest position; the hub reads with no upper bound.
@@ -65,6 +65,7 @@ class Page:
     """One read: events in position order plus what the snapshot said."""
 
     events: list[Event]
+    positions: list[Position]
     #: Readable frontier: every event not yet committed sorts after (xmin, 0).
     frontier: Position
     #: True when some transaction was in progress below the snapshot's xmax, or
@@ -80,13 +81,48 @@ def parse_page(rows: Sequence[Sequence[Any]], limit: int) -> Page:
     first = rows[0]
     xmin, xmax, skippers = int(first[0]), int(first[1]), bool(first[2])
     horizon = Position(int(first[3]), int(first[4]))
-    events = [parse_event(r[5:]) for r in rows if r[5] is not None]
+    events: list[Event] = []
+    positions: list[Position] = []
+    for r in rows:
+        if r[5] is None:
+            continue
+        pos = Position(int(r[6]), r[5])
+        events.append(_event(r, pos))
+        positions.append(pos)
     held_back = xmin != xmax or skippers
-    return Page(events, Position(xmin, 0), held_back, horizon, len(events) >= limit)
+    return Page(events, positions, Position(xmin, 0), held_back, horizon, len(events) >= limit)
 
 
-def position_of(event: Event) -> Position:
-    return decode_cursor(event.cursor)
+_owners: dict[tuple[str, str], Owner] = {}
+
+
+def _event(r: Sequence[Any], pos: Position) -> Event:
+    """`parse_event` for the hot path: owners read back from the database were
+    validated when written, so they are cached instead of re-validated."""
+    owner = None
+    if r[13] is not None:
+        key = (r[12], r[13])
+        owner = _owners.get(key)
+        if owner is None:
+            if len(_owners) > 10_000:
+                _owners.clear()
+            owner = _owners[key] = Owner(*key)
+    body, sha = r[16], r[17]
+    return Event(
+        id=r[5],
+        cursor=encode_cursor(pos),
+        resource_id=r[7],
+        resource_type=r[8],
+        resource_key=r[9],
+        revision=r[10],
+        type=r[11],
+        actor=owner,
+        lease_generation=r[14],
+        lease_expires_at=r[15],
+        payload=json.loads(body) if body is not None else None,
+        payload_sha256=bytes(sha) if sha is not None else None,
+        created_at=r[18],
+    )
 
 
 def parse_frontier(row: Sequence[Any]) -> tuple[Position, Position]:
@@ -113,6 +149,10 @@ class Filters:
             _set(resources, check_resource_id),
             _set(event_types, _check_watch_event_type),
         )
+
+    @property
+    def unfiltered(self) -> bool:
+        return self.types is None and self.resources is None and self.event_types is None
 
     def match(self, event: Event) -> bool:
         return (
@@ -158,6 +198,7 @@ class Batch:
     """What the hub hands every subscriber after a read."""
 
     events: list[Event]
+    positions: list[Position]
     #: The hub's position after this batch (last event or the readable frontier).
     tip: Position
 
@@ -193,14 +234,17 @@ class WatchState:
         self.join: Position | None = None
         self.catching_up = False
         self.pending: deque[Event] = deque()
-        #: Position of the last event handed out (or the start).
-        self._yielded = position
+        #: The last event handed out (None: nothing yet, `_start` applies).
+        self._last: Event | None = None
+        self._start = position
         self.closed = False
 
     @property
     def cursor(self) -> str:
         # Events read but not yet handed out must not be skipped on resume.
-        return encode_cursor(self._yielded if self.pending else self.position)
+        if not self.pending:
+            return encode_cursor(self.position)
+        return self._last.cursor if self._last is not None else encode_cursor(self._start)
 
     def on_message(self, message: Message) -> None:
         if isinstance(message, Failure):
@@ -213,14 +257,14 @@ class WatchState:
         if self.catching_up:
             # Cannot happen: catch-up finishes before the queue is read again.
             raise AssertionError("batch while catching up")
-        self._take(message.events)
+        self._take(message.events, message.positions)
         if message.tip > self.position:
             self.position = message.tip
 
     def on_page(self, page: Page) -> None:
         """A catch-up page read from our position up to `join`."""
         self.check_horizon(page.horizon)
-        self._take(page.events)
+        self._take(page.events, page.positions)
         if not page.full:
             assert self.join is not None
             self.catching_up = False
@@ -232,7 +276,7 @@ class WatchState:
             return
         if self.from_start and self.position == START:
             # "start" means the oldest retained event, not event zero.
-            self.position = self._yielded = horizon
+            self.position = self._start = horizon
             return
         raise CursorExpiredError(
             f"cursor {encode_cursor(self.position)} is older than the pruned horizon"
@@ -240,9 +284,18 @@ class WatchState:
             " or 'start' and resync"
         )
 
-    def _take(self, events: list[Event]) -> None:
-        for event in events:
-            pos = position_of(event)
+    def _take(self, events: list[Event], positions: list[Position]) -> None:
+        if not events:
+            return
+        if positions[0] > self.position:
+            # The common case (a live batch, all new): no per-event position checks.
+            self.position = positions[-1]
+            if self.filters.unfiltered:
+                self.pending.extend(events)
+            else:
+                self.pending.extend(e for e in events if self.filters.match(e))
+            return
+        for event, pos in zip(events, positions, strict=True):
             if pos <= self.position:
                 continue  # already delivered (we read past the hub's join point)
             self.position = pos
@@ -252,7 +305,7 @@ class WatchState:
     def next_event(self) -> Event | None:
         if self.pending:
             event = self.pending.popleft()
-            self._yielded = position_of(event)
+            self._last = event
             return event
         return None
 

@@ -40,6 +40,10 @@ Deliver = Callable[[Message], None]
 MIN_REPOLL = 0.001
 MAX_REPOLL = 0.05
 RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
+#: After a read that returned several events, the next read waits this much
+#: per extra event, up to MAX_BATCH_GAP (adds at most that much latency).
+BATCH_GAP_PER_EVENT = 0.0005
+MAX_BATCH_GAP = 0.004
 
 
 class Hub:
@@ -142,7 +146,14 @@ class Hub:
                     deliver(Start(self._tip))
         repoll = MIN_REPOLL
         while not self._stop.is_set():
-            progressed, held_back = self._read_all(conn)
+            started = time.monotonic()
+            progressed, held_back, count = self._read_all(conn)
+            if count > 1:
+                # A burst: under heavy write load, read in bigger batches instead
+                # of once per NOTIFY; each read costs the server as much as a
+                # write. Light load (one event per read) is not delayed.
+                gap = min(MAX_BATCH_GAP, (count - 1) * BATCH_GAP_PER_EVENT)
+                self._stop.wait(max(0.0, started + gap - time.monotonic()))
             if held_back:
                 repoll = MIN_REPOLL if progressed else min(repoll * 2, MAX_REPOLL)
                 timeout = repoll
@@ -165,9 +176,10 @@ class Hub:
             for _ in conn.notifies(timeout=min(left, 0.2), stop_after=1):
                 return
 
-    def _read_all(self, conn: psycopg.Connection[Any]) -> tuple[bool, bool]:
-        """Read every readable event after the tip; return (progressed, held_back)."""
+    def _read_all(self, conn: psycopg.Connection[Any]) -> tuple[bool, bool, int]:
+        """Read every readable event after the tip; return (progressed, held_back, count)."""
         progressed = False
+        count = 0
         while True:
             assert self._tip is not None
             rows = conn.execute(self._q.read, read_args(self._tip, END, PAGE)).fetchall()
@@ -184,31 +196,27 @@ class Hub:
                     )
                 )
                 self._tip = page.frontier
-                return False, False
+                return False, False, 0
             tip = self._tip
             if page.events:
-                tip = Position(*_pos(page.events[-1].cursor))
+                tip = page.positions[-1]
             if not page.full and page.frontier > tip:
                 tip = page.frontier
             if tip != self._tip or page.events:
                 progressed = True
                 with self._lock:
                     self._tip = tip
-                    batch = Batch(page.events, tip)
+                    batch = Batch(page.events, page.positions, tip)
                     for deliver in self._subscribers.values():
                         deliver(batch)
+            count += len(page.events)
             if not page.full:
-                return progressed, page.held_back
+                return progressed, page.held_back, count
 
     def _broadcast(self, message: Message) -> None:
         with self._lock:
             for deliver in self._subscribers.values():
                 deliver(message)
-
-
-def _pos(cursor: str) -> tuple[int, int]:
-    xid, _, event_id = cursor.partition(".")
-    return int(xid), int(event_id)
 
 
 _hubs: dict[tuple[Any, ...], Hub] = {}
