@@ -168,3 +168,14 @@ def test_processes_racing_for_one_resource(
     )
     xids = [r[0] for r in rows]
     assert xids == sorted(xids)
+
+
+def test_hot_path_survives_deallocate_all(pg_store: PostgresStore) -> None:
+    """psycopg sends DEALLOCATE ALL after a rollback; claim/renew/release re-prepare."""
+    rid = pg_store.ensure_resource("run", "dealloc")
+    claim = pg_store.claim(rid, Owner("host", "a"), 30)
+    assert claim is not None
+    with pg_store.connection() as conn:
+        conn.execute("DEALLOCATE ALL")
+    claim = pg_store.renew(claim, 30)
+    assert pg_store.release(claim) == 3

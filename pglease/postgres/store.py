@@ -20,6 +20,7 @@ from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import check_resource_id, check_resource_type, check_schema_name
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
+from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, from_micros
 
 T = TypeVar("T")
 Apply = Callable[[psycopg.Connection[Any]], T]
@@ -46,6 +47,7 @@ class PostgresStore:
         self.schema = check_schema_name(schema)
         self.dsn = resolve_dsn(dsn)
         self._q = Queries(schema)
+        self._fast = FastPath(schema)
         # One direct connection first: a bad DSN or a down server fails fast with
         # one clear error instead of a pool retrying in the background.
         try:
@@ -110,7 +112,13 @@ class PostgresStore:
     ) -> Claim | None:
         """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
-        return _core.parse_claim(resource_id, owner, token, self._one(self._q.claim, args))
+        with self._pool.connection() as conn:
+            claimed, generation, expires_at, revision = self._fast.call(conn, CLAIM, args)
+        if claimed != b"t":
+            return None
+        return Claim(
+            resource_id, owner, token, int(generation), from_micros(expires_at), int(revision)
+        )
 
     def renew(
         self,
@@ -122,15 +130,18 @@ class PostgresStore:
     ) -> Claim:
         """Extend a current, unexpired lease; return the updated claim."""
         args = _core.renew_args(claim, ttl, expected_revision, now)
-        expires_at, revision = self._one(self._q.renew, args)
-        return replace(claim, expires_at=expires_at, revision=revision)
+        with self._pool.connection() as conn:
+            expires_at, revision = self._fast.call(conn, RENEW, args)
+        return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
     def release(
         self, claim: Claim, expected_revision: int | None = None, *, now: datetime | None = None
     ) -> int:
         """Give up a current lease (expired or not); return the new revision."""
         args = _core.release_args(claim, expected_revision, now)
-        return int(self._one(self._q.release, args)[0])
+        with self._pool.connection() as conn:
+            (revision,) = self._fast.call(conn, RELEASE, args)
+        return int(revision)
 
     def mutate(
         self,
