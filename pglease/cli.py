@@ -33,6 +33,7 @@ from .errors import (
 )
 from .fleet import cli as fleet_cli
 from .postgres import PostgresStore
+from .sessions import cli as sessions_cli
 from .types import Claim, Event, ResourceState
 
 
@@ -269,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=float, default=1.0)
     p.set_defaults(func=cmd_demo)
     fleet_cli.register(sub)
+    sessions_cli.register(sub)
     for command in sub.choices.values():
         # Accept --json after the subcommand too: `pglease ls --json`.
         command.add_argument(
