@@ -96,8 +96,10 @@ NowMs = Callable[[], int]
 RESOURCE_TYPE = "session"
 #: Owner type of a session writer handle.
 OWNER_TYPE = "session"
-#: Rows per round trip when a branch scan pages through a segment.
-SCAN_PAGE = 512
+#: Rows of the first round trip when a branch scan pages through a segment
+#: (pages then double, up to MAX_PAGE).
+SCAN_PAGE = 256
+MAX_PAGE = 8192
 
 
 class _Sql:
@@ -191,6 +193,10 @@ class _Sql:
             f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
             " WHERE session_id = %s AND branch_id = %s"
         )
+        self.segments_by_tips = q(
+            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
+            " WHERE session_id = %s AND tip_entry_id = ANY(%s)"
+        )
         self.segment_by_tip = q(
             f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
             " WHERE session_id = %s AND tip_entry_id = %s"
@@ -280,8 +286,17 @@ class PgBranchIndex(BranchIndexStore):
     round trip per page instead of one per entry); `load()` hands them out.
     """
 
-    def __init__(self, conn: Conn, q: _Sql, session_id: str, *, load_entries: bool = False):
+    def __init__(
+        self,
+        conn: Conn,
+        q: _Sql,
+        session_id: str,
+        *,
+        load_entries: bool = False,
+        first_page: int = SCAN_PAGE,
+    ):
         self.conn = conn
+        self.first_page = max(1, first_page)
         self.q = q
         self.session_id = session_id
         self.load_entries = load_entries
@@ -294,7 +309,8 @@ class PgBranchIndex(BranchIndexStore):
         self._moved: set[str] = set()
         self._rows: list[tuple[str, str, str, int, str]] = []
 
-    def _remember(self, segment: Segment | None) -> Segment | None:
+    def remember(self, segment: Segment | None) -> Segment | None:
+        """Cache a segment read by the caller in this transaction (before any write)."""
         if segment is not None:
             old = self._segments.get(segment.branch_id)
             if old is not None:
@@ -335,7 +351,7 @@ class PgBranchIndex(BranchIndexStore):
             return self._segments[branch_id]
         self.flush()
         row = self.conn.execute(self.q.segment, (self.session_id, branch_id)).fetchone()
-        return self._remember(_segment(row))
+        return self.remember(_segment(row))
 
     def segment_by_tip(self, tip_entry_id: str) -> Segment | None:
         branch_id = self._by_tip.get(tip_entry_id)
@@ -343,14 +359,14 @@ class PgBranchIndex(BranchIndexStore):
             return self._segments[branch_id]
         self.flush()
         row = self.conn.execute(self.q.segment_by_tip, (self.session_id, tip_entry_id)).fetchone()
-        return self._remember(_segment(row))
+        return self.remember(_segment(row))
 
     def covering_segment(self, entry_id: str, entry_seq: int) -> Segment | None:
         self.flush()
         row = self.conn.execute(
             self.q.covering_segment, (self.session_id, entry_id, entry_seq, entry_seq)
         ).fetchone()
-        return self._remember(_segment(row))
+        return self.remember(_segment(row))
 
     def newest_row_of_type(
         self, branch_id: str, entry_type: str, above_seq: int, upto_seq: int
@@ -365,26 +381,29 @@ class PgBranchIndex(BranchIndexStore):
     def rows(
         self, branch_id: str, above_seq: int, upto_seq: int, newest_first: bool
     ) -> Iterator[BranchRow]:
-        """Pages of `SCAN_PAGE` rows by keyset, so a scan with a small limit reads little."""
+        """Pages by keyset, so a scan with a small limit reads little: the first
+        page is `first_page` rows, each next one twice as big (up to `MAX_PAGE`)."""
         self.flush()
         order = "DESC" if newest_first else "ASC"
         query = (self.q.rows_with_entries if self.load_entries else self.q.rows)[order]
         low, high = above_seq, upto_seq
+        size = self.first_page
         while high > low:
             page = self.conn.execute(
-                query, (self.session_id, branch_id, low, high, SCAN_PAGE)
+                query, (self.session_id, branch_id, low, high, size)
             ).fetchall()
             for r in page:
                 if self.load_entries and r[3] is not None:
                     self.loaded[r[0]] = entry_from_row(r[3:])
                 yield BranchRow(r[0], int(r[1]), r[2])
-            if len(page) < SCAN_PAGE:
+            if len(page) < size:
                 return
             last = int(page[-1][1])
             if newest_first:
                 high = last - 1
             else:
                 low = last
+            size = min(size * 2, MAX_PAGE)
 
     def add_segment(self, segment: Segment) -> None:
         if segment.branch_id in self._segments or segment.tip_entry_id in self._by_tip:
@@ -522,15 +541,6 @@ def _write_commit(
     fixed_now: int | None,
 ) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
     """The session half of a commit, inside the mutation's transaction."""
-    row = conn.execute(q.lock_session, (session_id,)).fetchone()
-    if row is None:
-        raise SessionNotFoundError(f"session {session_id} does not exist")
-    next_seq, message_count, usage_text, db_now = int(row[0]), int(row[1]), row[2], int(row[3])
-    if next_seq != expected_seq:
-        raise _SeqMoved(next_seq)
-    now = db_now if fixed_now is None else fixed_now
-    usage: dict[str, Any] = load_json(usage_text)
-
     explicit: list[str] = []
     parents: set[str] = set()
     for item in prepared:
@@ -542,22 +552,37 @@ def _write_commit(
     if len(set(explicit)) != len(explicit):
         dup = next(i for i in explicit if explicit.count(i) > 1)
         raise DuplicateIdError(f"id {dup!r} is used twice in one commit")
-    # One round trip each for the parents' seqs and the id checks of the whole commit.
     lookup = sorted(parents | set(explicit))
-    known: dict[str, int] = {}
-    if lookup:
-        known = {
-            r[0]: int(r[1]) for r in conn.execute(q.known_entries, (session_id, lookup)).fetchall()
-        }
-    taken = [i for i in explicit if i in known]
-    if explicit and not taken:
-        taken = [r[0] for r in conn.execute(q.known_usage, (session_id, explicit)).fetchall()]
+    index = PgBranchIndex(conn, q, session_id)
+    # The session row, the parents' seqs, the id checks and the segments whose
+    # tip is a parent (rule 2 needs nothing more) in one pipelined round trip.
+    with conn.pipeline():
+        c_session = conn.execute(q.lock_session, (session_id,))
+        c_known = conn.execute(q.known_entries, (session_id, lookup)) if lookup else None
+        c_usage = conn.execute(q.known_usage, (session_id, explicit)) if explicit else None
+        c_tips = (
+            conn.execute(q.segments_by_tips, (session_id, sorted(parents))) if parents else None
+        )
+        row = c_session.fetchone()
+        known = {r[0]: int(r[1]) for r in c_known.fetchall()} if c_known else {}
+        taken_usage = [r[0] for r in c_usage.fetchall()] if c_usage else []
+        tips = c_tips.fetchall() if c_tips else []
+    if row is None:
+        raise SessionNotFoundError(f"session {session_id} does not exist")
+    next_seq, message_count, usage_text, db_now = int(row[0]), int(row[1]), row[2], int(row[3])
+    if next_seq != expected_seq:
+        raise _SeqMoved(next_seq)
+    now = db_now if fixed_now is None else fixed_now
+    usage: dict[str, Any] = load_json(usage_text)
+    taken = [i for i in explicit if i in known] + taken_usage
     if taken:
         raise DuplicateIdError(f"id {taken[0]!r} is already used by an entry or usage row")
+    for tip in tips:
+        index.remember(_segment(tip))
 
-    index = PgBranchIndex(conn, q, session_id)
     entries: list[Entry] = []
     usage_rows: list[UsageRow] = []
+    register_ops: list[tuple[bytes, tuple[Any, ...]]] = []
     ids: list[str | None] = []
     seq = expected_seq
     for item in prepared:
@@ -586,13 +611,36 @@ def _write_commit(
             usage = sum_usage(usage, w.usage)
             ids.append(usage_id)
         elif isinstance(w, SetRegister):
-            conn.execute(q.upsert_register, (session_id, w.namespace, w.key, seq, item.text))
+            register_ops.append(
+                (q.upsert_register, (session_id, w.namespace, w.key, seq, item.text))
+            )
             ids.append(None)
         else:
             assert isinstance(w, DeleteRegister)
-            conn.execute(q.delete_register, (session_id, w.namespace, w.key))
+            register_ops.append((q.delete_register, (session_id, w.namespace, w.key)))
             ids.append(None)
         seq += 1
+    # Everything left is writes whose results we do not need: one pipeline,
+    # one network round trip (errors still surface here, inside the transaction).
+    with conn.pipeline():
+        _write_rest(conn, q, session_id, index, entries, usage_rows, register_ops)
+        conn.execute(
+            q.update_session, (seq, message_count, dump_json(usage, "usage_payload"), session_id)
+        )
+    return CommitResult(expected_seq, seq, now, tuple(ids)), entries, usage_rows
+
+
+def _write_rest(
+    conn: Conn,
+    q: _Sql,
+    session_id: str,
+    index: PgBranchIndex,
+    entries: Sequence[Entry],
+    usage_rows: Sequence[UsageRow],
+    register_ops: Sequence[tuple[bytes, tuple[Any, ...]]],
+) -> None:
+    for query, params in register_ops:
+        conn.execute(query, params)
     index.flush()
     _insert_entries(conn, q, session_id, entries)
     if usage_rows:
@@ -612,10 +660,6 @@ def _write_commit(
                     for u in usage_rows
                 ],
             )
-    conn.execute(
-        q.update_session, (seq, message_count, dump_json(usage, "usage_payload"), session_id)
-    )
-    return CommitResult(expected_seq, seq, now, tuple(ids)), entries, usage_rows
 
 
 def _translate_unique(exc: psycopg.errors.UniqueViolation) -> SessionError:
@@ -1010,7 +1054,12 @@ class PostgresSession:
             row = conn.execute(self._q.get_entry, (self._id, leaf_id)).fetchone()
             if row is None:
                 raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
-            index = PgBranchIndex(conn, self._q, self._id, load_entries=True)
+            # Without filters a limit bounds the rows needed: fetch just that first.
+            unfiltered = query.types is None and query.custom_type is None
+            first_page = query.limit + 1 if unfiltered and query.limit is not None else SCAN_PAGE
+            index = PgBranchIndex(
+                conn, self._q, self._id, load_entries=True, first_page=min(first_page, SCAN_PAGE)
+            )
             return _scan_branch(index, entry_from_row(row), query, index.load)
 
     def get_register(self, namespace: str, key: str) -> Register | None:
