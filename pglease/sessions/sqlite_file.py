@@ -261,14 +261,26 @@ class SqliteBranchIndex(BranchIndexStore):
     def rows(
         self, branch_id: str, above_seq: int, upto_seq: int, newest_first: bool
     ) -> Iterable[BranchRow]:
+        # Pages by keyset (256 rows, then doubling): a scan with a small limit
+        # reads little, and no statement stays open between pages.
         order = "DESC" if newest_first else "ASC"
-        cursor = self.conn.execute(
-            "SELECT entry_id, entry_seq, entry_type FROM branch_entries"
-            " WHERE branch_id = ? AND entry_seq > ? AND entry_seq <= ?"
-            f" ORDER BY entry_seq {order}",
-            (branch_id, above_seq, upto_seq),
-        )
-        return [BranchRow(r[0], r[1], r[2]) for r in cursor]
+        low, high, size = above_seq, upto_seq, 256
+        while high > low:
+            page = self.conn.execute(
+                "SELECT entry_id, entry_seq, entry_type FROM branch_entries"
+                " WHERE branch_id = ? AND entry_seq > ? AND entry_seq <= ?"
+                f" ORDER BY entry_seq {order} LIMIT ?",
+                (branch_id, low, high, size),
+            ).fetchall()
+            for r in page:
+                yield BranchRow(r[0], r[1], r[2])
+            if len(page) < size:
+                return
+            if newest_first:
+                high = page[-1][1] - 1
+            else:
+                low = page[-1][1]
+            size = min(size * 2, 8192)
 
     def add_segment(self, segment: Segment) -> None:
         self.conn.execute(
