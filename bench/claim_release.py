@@ -5,9 +5,9 @@ For each client count N, on the same server and in the same run:
 - ``python``: N threads share one sync `PostgresStore` (pool of N connections);
   each loops ``claim(random resource)`` then ``release(claim)`` if it was granted.
 - ``pgbench``: ``pgbench -c N -j N -M prepared -T seconds`` on a script whose two
-  statements are the store's own ``Queries.claim`` / ``Queries.release`` text,
-  with ``%s`` turned into pgbench variables (the release takes the generation
-  the claim returned, via ``\\gset``).
+  statements are the store's own hot-path claim / release statements
+  (``pglease.postgres._fastpath``), with ``$n`` turned into pgbench variables
+  (the release takes the generation the claim returned, via ``\\gset``).
 - ``asyncio``: N tasks share one `AsyncPostgresStore` (pool of N connections).
 - ``bare``: N threads, one plain psycopg connection each, sending the same two
   statements with fixed arguments: what the driver alone costs, without the pool
@@ -51,6 +51,7 @@ from _server import find_pgbench, machine_info, throwaway_server
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore
 from pglease.postgres._core import Queries
+from pglease.postgres._fastpath import CLAIM, RELEASE, FastPath
 
 TARGET_RATIO = 0.8
 RESOURCE_TYPE = "bench"
@@ -374,20 +375,23 @@ RUNNERS: dict[str, Runner] = {
 
 
 def pgbench_script(schema: str, resources: int) -> str:
-    """The store's own claim/release SQL with `%s` replaced by pgbench variables.
+    """The store's own hot-path claim/release SQL with `$n` replaced by pgbench variables.
 
     pgbench cannot send a NULL through a variable, so the two arguments the
     store sends as NULL (expected_revision, now) are written as NULL literals.
     """
-    q = Queries(schema)
+    statements = FastPath(schema).statements
 
-    def fill(text: bytes, args: list[str]) -> str:
-        parts = text.decode().split("%s")
-        assert len(parts) == len(args) + 1, (text, args)
-        return "".join(p + a for p, a in zip(parts, [*args, ""], strict=True))
+    def fill(text: str, args: list[str]) -> str:
+        assert f"${len(args)}" in text and f"${len(args) + 1}" not in text, (text, args)
+        for k in range(len(args), 0, -1):  # $10 before $1
+            text = text.replace(f"${k}", args[k - 1])
+        return text
 
-    claim = fill(q.claim, [":rid", ":otype", ":oid", ":tok", ":ttl", "NULL", "NULL"])
-    release = fill(q.release, [":rid", ":otype", ":oid", ":generation", ":tok", "NULL", "NULL"])
+    claim = fill(statements[CLAIM], [":rid", ":otype", ":oid", ":tok", ":ttl", "NULL", "NULL"])
+    release = fill(
+        statements[RELEASE], [":rid", ":otype", ":oid", ":generation", ":tok", "NULL", "NULL"]
+    )
     lo, hi = PGBENCH_ID_BASE, PGBENCH_ID_BASE + resources - 1
     return f"\\set rid random({lo}, {hi})\n{claim} \\gset\n\\if :claimed\n{release}\n\\endif\n"
 

@@ -29,6 +29,7 @@ RENEW = b"pglease_renew"
 RELEASE = b"pglease_release"
 
 _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
+_ALREADY_PREPARED = b"42P05"  # duplicate_prepared_statement
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROS = "(extract(epoch FROM expires_at) * 1000000)::bigint"
 
@@ -54,7 +55,7 @@ class FastPath:
 
     def __init__(self, schema: str) -> None:
         s = f'"{schema}"'
-        self._statements = {
+        self.statements = {
             CLAIM: f"SELECT claimed, generation, {_MICROS}, revision FROM {s}.claim("
             "$1, $2, $3, $4, $5::float8, $6::bigint, $7::timestamptz)",
             RENEW: f"SELECT {_MICROS}, revision FROM {s}.renew("
@@ -65,8 +66,10 @@ class FastPath:
         self._prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
-        for name, text in self._statements.items():
-            _check(conn, conn.pgconn.prepare(name, text.encode()), pq.ExecStatus.COMMAND_OK)
+        for name, text in self.statements.items():
+            result = conn.pgconn.prepare(name, text.encode())
+            if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
+                _check(conn, result, pq.ExecStatus.COMMAND_OK)
         self._prepared.add(conn)
 
     def call(self, conn: psycopg.Connection[Any], name: bytes, args: list[Any]) -> list[bytes]:

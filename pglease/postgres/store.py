@@ -21,6 +21,7 @@ from ..validation import check_resource_id, check_resource_type, check_schema_na
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, from_micros
+from ._reuse import ConnectionStack
 
 T = TypeVar("T")
 Apply = Callable[[psycopg.Connection[Any]], T]
@@ -67,6 +68,7 @@ class PostgresStore:
             name=f"pglease-{schema}",
         )
         self._pool.open(wait=True, timeout=connect_timeout)
+        self._conns = ConnectionStack(self._pool)
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -75,16 +77,17 @@ class PostgresStore:
         self.close()
 
     def close(self) -> None:
+        self._conns.drain()
         self._pool.close()
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         """Borrow an autocommit connection from the store's pool."""
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             yield conn
 
     def _one(self, query: bytes, args: list[Any]) -> tuple[Any, ...]:
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             try:
                 row = conn.execute(query, args).fetchone()
             except psycopg.Error as exc:
@@ -94,7 +97,7 @@ class PostgresStore:
 
     def migrate(self) -> list[str]:
         """Apply pending migrations; return the names of those applied."""
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             return [f"{m.version:04d}_{m.name}" for m in migrate(conn, self.schema)]
 
     def ensure_resource(self, resource_type: str, key: str) -> str:
@@ -112,7 +115,7 @@ class PostgresStore:
     ) -> Claim | None:
         """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             claimed, generation, expires_at, revision = self._fast.call(conn, CLAIM, args)
         if claimed != b"t":
             return None
@@ -130,7 +133,7 @@ class PostgresStore:
     ) -> Claim:
         """Extend a current, unexpired lease; return the updated claim."""
         args = _core.renew_args(claim, ttl, expected_revision, now)
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             expires_at, revision = self._fast.call(conn, RENEW, args)
         return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
@@ -139,7 +142,7 @@ class PostgresStore:
     ) -> int:
         """Give up a current lease (expired or not); return the new revision."""
         args = _core.release_args(claim, expected_revision, now)
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             (revision,) = self._fast.call(conn, RELEASE, args)
         return int(revision)
 
@@ -159,7 +162,7 @@ class PostgresStore:
         rolls everything back: no revision bump, no event, no payload.
         """
         args = _core.mutate_args(permit, event_type, payload, actor, now)
-        with self._pool.connection() as conn, conn.transaction():
+        with self._conns.borrow() as conn, conn.transaction():
             try:
                 row = conn.execute(self._q.mutate_begin, args).fetchone()
             except psycopg.Error as exc:
@@ -171,7 +174,7 @@ class PostgresStore:
     def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
         """The resource with its lease state, judged by the database clock (or `now`)."""
         check_resource_id(resource_id)
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             row = conn.execute(self._q.get, [_core.check_now(now), resource_id]).fetchone()
         if row is None:
             raise UnknownResourceError(f"unknown resource {resource_id}")
@@ -181,7 +184,7 @@ class PostgresStore:
         self, resource_type: str | None = None, *, now: datetime | None = None
     ) -> list[ResourceState]:
         now = _core.check_now(now)
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             if resource_type is None:
                 rows = conn.execute(self._q.list_all, [now]).fetchall()
             else:
@@ -192,7 +195,7 @@ class PostgresStore:
     def events(self, resource_id: str, after_revision: int = 0, limit: int = 1000) -> list[Event]:
         """A resource's events in revision order, after `after_revision`."""
         args = _core.events_of_args(resource_id, after_revision, limit)
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             rows = conn.execute(self._q.events_of, args).fetchall()
             if not rows and not conn.execute(self._q.resource_exists, [resource_id]).fetchone():
                 raise UnknownResourceError(f"unknown resource {resource_id}")
@@ -205,6 +208,6 @@ class PostgresStore:
         skipped, even when transactions commit out of id order.
         """
         args = _core.events_after_args(decode_cursor(cursor), limit)
-        with self._pool.connection() as conn:
+        with self._conns.borrow() as conn:
             rows = conn.execute(self._q.events_after, args).fetchall()
         return [_core.parse_event(r) for r in rows]
