@@ -35,6 +35,7 @@ from .fleet import cli as fleet_cli
 from .postgres import PostgresStore
 from .sessions import cli as sessions_cli
 from .types import Claim, Event, ResourceState
+from .watch import cli as watch_cli
 
 
 def _time_left(expires_at: datetime | None, now: datetime) -> str:
@@ -270,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=float, default=1.0)
     p.set_defaults(func=cmd_demo)
     fleet_cli.register(sub)
+    watch_cli.register(sub)
     sessions_cli.register(sub)
     for command in sub.choices.values():
         # Accept --json after the subcommand too: `pglease ls --json`.
