@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--kill-after", type=float, default=5.0, help="SIGKILL this long after SIGTERM (5 s)"
     )
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    p.add_argument("command", nargs="+", help="-- COMMAND ARGS... (after a literal --)")
     p.set_defaults(func=cmd_hold)
 
 

@@ -249,7 +249,8 @@ class AsyncElection:
 
     async def wait_elected(self, timeout: float | None = None) -> bool:
         try:
-            await asyncio.wait_for(self._elected.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._elected.wait()
         except TimeoutError:
             return False
         return self.is_leader

@@ -285,6 +285,7 @@ class AsyncKeeper:
     async def aclose(self) -> None:
         """Stop the task and close the connection (leases are not released)."""
         self._closed = True
+        self._changed.set()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -311,7 +312,7 @@ class AsyncKeeper:
         self._core.remove(lease)
 
     async def _run(self) -> None:
-        while True:
+        while not self._closed:
             now = time.monotonic()
             self._core.sweep(now)
             to_release, self._core.to_release = self._core.to_release, []
@@ -323,10 +324,15 @@ class AsyncKeeper:
                 continue
             due = self._core.next_due()
             self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait(), None if due is None else max(0.0, due - time.monotonic())
-                )
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+            # cancellation that races with the event being set.
+            try:
+                async with asyncio.timeout(
+                    None if due is None else max(0.0, due - time.monotonic())
+                ):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         if self._conn is None or self._conn.closed:

@@ -244,7 +244,8 @@ class AsyncHeldLease(_LeaseBase):
     async def wait_lost(self, timeout: float | None = None) -> bool:
         """Wait until the lease is lost (True) or `timeout` passes (False)."""
         try:
-            await asyncio.wait_for(self.lost.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.lost.wait()
         except TimeoutError:
             return False
         return True

@@ -1,0 +1,153 @@
+"""Asyncio twins of the fleet runtime, on real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pglease import AcquireTimeoutError, AsyncPostgresStore, LeaseLostError, Owner
+from pglease.errors import InvalidTimingError
+from pglease.fleet import AsyncKeeper, acquire_async, elect_async, hold_async, leader_async
+
+A = Owner("host", "a")
+B = Owner("host", "b")
+FAR = datetime.now(UTC) + timedelta(days=1)
+
+
+async def _waiters(store: AsyncPostgresStore) -> int:
+    async with store.connection() as conn:
+        cur = await conn.execute(f'SELECT count(*) FROM "{store.schema}".lease_waiters')
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_hold_async_heartbeats_and_releases(apg_store: AsyncPostgresStore) -> None:
+    async with hold_async(apg_store, "run", "r1", A, 0.6) as lease:
+        revision = lease.claim.revision
+        await asyncio.sleep(2.0)
+        lease.check()
+        assert lease.renewals >= 2
+        state = await apg_store.get(lease.resource_id)
+        assert state.lease.held and state.revision == revision
+    state = await apg_store.get(lease.resource_id)
+    assert not state.lease.held
+    assert lease.lost.is_set()
+
+
+async def test_hold_async_takeover_signals(apg_store: AsyncPostgresStore) -> None:
+    seen: list[LeaseLostError] = []
+    async with hold_async(apg_store, "run", "r2", A, 0.9, on_lost=seen.append) as lease:
+        assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
+        assert await lease.wait_lost(10)
+        with pytest.raises(LeaseLostError):
+            lease.check()
+    assert len(seen) == 1
+
+
+async def test_async_trust_window_closes_without_database(apg_store: AsyncPostgresStore) -> None:
+    rid = await apg_store.ensure_resource("run", "r3")
+    claim = await apg_store.claim(rid, A, 1.0)
+    assert claim is not None
+
+    class Dead:
+        dsn = "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1"
+        schema = apg_store.schema
+
+    from pglease.fleet import Timing
+
+    keeper = AsyncKeeper(Dead(), connect_timeout=1)
+    try:
+        lease = keeper.add(claim, Timing.of(1.0), time.monotonic())
+        assert await lease.wait_lost(10)
+        with pytest.raises(LeaseLostError, match="trust window"):
+            lease.check()
+    finally:
+        await keeper.aclose()
+
+
+async def test_bad_timing_async(apg_store: AsyncPostgresStore) -> None:
+    with pytest.raises(InvalidTimingError):
+        async with hold_async(apg_store, "run", "t", A, 1.0, margin=0.5):
+            pass
+
+
+@pytest.mark.parametrize("fair", [False, True])
+async def test_acquire_async_timeout_and_cancel_leave_nothing(
+    apg_store: AsyncPostgresStore, fair: bool
+) -> None:
+    async with hold_async(apg_store, "run", "busy", A, 30) as lease:
+        before = await apg_store.get(lease.resource_id)
+        with pytest.raises(AcquireTimeoutError):
+            await acquire_async(apg_store, "run", "busy", B, 5, timeout=0.5, fair=fair)
+        assert await _waiters(apg_store) == 0
+        task = asyncio.ensure_future(acquire_async(apg_store, "run", "busy", B, 5, fair=fair))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert await _waiters(apg_store) == 0
+        after = await apg_store.get(lease.resource_id)
+        assert after.revision == before.revision and after.lease.owner == A
+
+
+async def test_acquire_async_wakes_on_release(apg_store: AsyncPostgresStore) -> None:
+    async with hold_async(apg_store, "run", "rel", A, 60) as lease:
+        waiter = asyncio.ensure_future(acquire_async(apg_store, "run", "rel", B, 5, timeout=30))
+        await asyncio.sleep(0.5)
+        released_at = time.monotonic()
+    claim = await waiter
+    assert claim.generation == lease.generation + 1
+    assert time.monotonic() - released_at < 20  # the release woke it, not the 60 s expiry
+
+
+@pytest.mark.parametrize("release_on_cancel", [False, True])
+async def test_cancelled_holder(apg_store: AsyncPostgresStore, release_on_cancel: bool) -> None:
+    entered = asyncio.Event()
+    leases = []
+
+    async def body() -> None:
+        async with hold_async(
+            apg_store, "run", "c", A, 2.0, release_on_cancel=release_on_cancel
+        ) as lease:
+            leases.append(lease)
+            entered.set()
+            await asyncio.sleep(60)
+
+    task = asyncio.ensure_future(body())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    lease = leases[0]
+    assert lease.lost.is_set()
+    state = await apg_store.get(lease.resource_id)
+    # Opt-in release; otherwise the lease is abandoned and runs out by itself.
+    assert state.lease.held is (not release_on_cancel)
+
+
+async def test_async_election(apg_store: AsyncPostgresStore) -> None:
+    log: list[str] = []
+    e1 = await elect_async(
+        apg_store, "sched", A, ttl=1.0,
+        on_elected=lambda x: log.append(f"a+{x.generation}"),
+        on_deposed=lambda x: log.append(f"a-{x.generation}"),
+    )  # fmt: skip
+    assert await e1.wait_elected(20)
+    e2 = await elect_async(
+        apg_store, "sched", B, ttl=1.0,
+        on_elected=lambda x: log.append(f"b+{x.generation}"),
+        on_deposed=lambda x: log.append(f"b-{x.generation}"),
+    )  # fmt: skip
+    await asyncio.sleep(1.2)
+    assert e1.is_leader and not e2.is_leader
+    await e1.stop()
+    assert await e2.wait_elected(20)
+    now = await leader_async(apg_store, "sched")
+    assert now is not None and now.owner == B and now.generation == 2
+    await e2.stop()
+    assert await leader_async(apg_store, "sched") is None
+    assert log == ["a+1", "a-1", "b+2", "b-2"]
