@@ -402,3 +402,33 @@ def test_watcher_events_equal_the_store_log(pg_store: PostgresStore) -> None:
         got = drain(w, 3)
     assert got == pg_store.events_after(None, 10)
     assert got[-1].actor == B and got[-1].payload == {"k": [1, "x"]}
+
+
+async def test_async_watchers_of_a_loop_share_one_subscription(
+    apg_store: AsyncPostgresStore,
+) -> None:
+    rid = await apg_store.ensure_resource("run", "fan")
+    a = await AsyncWatcher(apg_store).start()
+    b = await AsyncWatcher(apg_store, event_types="lease.released").start()
+    hub = a._hub
+    assert hub is not None and hub is b._hub
+    assert len(hub._subscribers) == 1
+    claim = await apg_store.claim(rid, A, 5)
+    assert claim is not None
+    await apg_store.release(claim)
+    first = await a.get(5)
+    assert first is not None and first.type == "lease.claimed"
+    got = await b.get(5)
+    assert got is not None and got.type == "lease.released"
+    # A watcher joining the loop's stream late starts at "now", not at the
+    # loop's last tip: it must not see the claim again.
+    c = await AsyncWatcher(apg_store).start()
+    await a.aclose()
+    await apg_store.mutate(Permit(rid, 2), "run.later")
+    later = await c.get(5)
+    assert later is not None and later.type == "run.later"
+    assert await b.get(0.2) is None
+    await b.aclose()
+    await c.aclose()
+    hub.join(2)
+    assert not hub._subscribers

@@ -9,7 +9,7 @@ import queue
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import psycopg
 
@@ -19,9 +19,11 @@ from ..types import Event
 from . import hub as _hub
 from ._core import (
     PAGE,
+    Batch,
     Filters,
     Message,
     Mode,
+    Start,
     WatchQueries,
     WatchState,
     check_interval,
@@ -230,6 +232,8 @@ class AsyncWatcher(_Base):
         super().__init__(store, after, types, resources, event_types, mode, interval)
         self._store = store
         self._aqueue: asyncio.Queue[Message | None] | None = None
+        self._fanout: _LoopFanout | None = None
+        self._member = 0
 
     async def start(self) -> AsyncWatcher:
         """Resolve ``"now"`` and join the hub (done by the first `get` otherwise)."""
@@ -245,16 +249,12 @@ class AsyncWatcher(_Base):
             assert row is not None
             position = parse_frontier(row)[0]
         self._state = WatchState(position, self._from_start, self._filters)
-        loop = asyncio.get_running_loop()
         aqueue: asyncio.Queue[Message | None] = asyncio.Queue()
         self._aqueue = aqueue
-
-        def deliver(message: Message) -> None:
-            # RuntimeError: the loop is closed, nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(aqueue.put_nowait, message)
-
-        self._subscribe(deliver)
+        key = (self._dsn, self._schema, self.mode, self.interval)
+        self._fanout = _LoopFanout.get(asyncio.get_running_loop(), key)
+        self._member = self._fanout.join(aqueue)
+        self._hub = self._fanout.hub
         return self
 
     async def __aenter__(self) -> AsyncWatcher:
@@ -269,7 +269,10 @@ class AsyncWatcher(_Base):
             self._closed = True
             if self._aqueue is not None:
                 self._aqueue.put_nowait(None)
-            self._unsubscribe()
+            if self._fanout is not None:
+                self._fanout.leave(self._member)
+                self._fanout = None
+                self._hub = None
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -317,6 +320,61 @@ class AsyncWatcher(_Base):
                 return None
             if message is not None:
                 state.on_message(message)
+
+
+class _LoopFanout:
+    """The async watchers of one event loop on one hub.
+
+    One hub subscription per loop: the hub thread makes one cross-thread call
+    per batch, and the loop hands the batch to every member queue, instead of
+    one wake-up per watcher. Used only from the loop's own thread, so messages
+    reach members in hub order and a member joining late starts at the last
+    tip the loop processed.
+    """
+
+    _all: ClassVar[dict[tuple[Any, ...], _LoopFanout]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, key: tuple[Any, ...]) -> None:
+        self.loop = loop
+        self.key = key
+        self.members: dict[int, asyncio.Queue[Message | None]] = {}
+        self.tip: Position | None = None
+        self._next = 0
+        dsn, schema, mode, interval = key
+        self.hub, self.sub = _hub.acquire(dsn, schema, mode, interval, self._deliver)
+
+    @classmethod
+    def get(cls, loop: asyncio.AbstractEventLoop, key: tuple[Any, ...]) -> _LoopFanout:
+        fanout = cls._all.get((id(loop), *key))
+        if fanout is None or fanout.loop is not loop:
+            fanout = cls._all[(id(loop), *key)] = cls(loop, key)
+        return fanout
+
+    def _deliver(self, message: Message) -> None:
+        # Hub thread. RuntimeError: the loop is closed, nobody is listening.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._dispatch, message)
+
+    def _dispatch(self, message: Message) -> None:
+        if isinstance(message, Start | Batch):
+            self.tip = message.tip
+        for q in self.members.values():
+            q.put_nowait(message)
+
+    def join(self, q: asyncio.Queue[Message | None]) -> int:
+        member = self._next
+        self._next += 1
+        self.members[member] = q
+        if self.tip is not None:
+            q.put_nowait(Start(self.tip))
+        return member
+
+    def leave(self, member: int) -> None:
+        self.members.pop(member, None)
+        if not self.members:
+            _hub.release(self.hub, self.sub)
+            if self._all.get((id(self.loop), *self.key)) is self:
+                del self._all[(id(self.loop), *self.key)]
 
 
 def watch(

@@ -1,0 +1,440 @@
+"""Watchers: what they cost the writers, and how fast they deliver.
+
+Throughput (one run, interleaved rounds, median per configuration):
+``pgbench -c 8 -j 8 -M prepared`` runs the store's own claim + release SQL on
+random resources while a separate process holds 0, 1, 10 or 100 `Watcher`s
+(one hub, one LISTEN connection) that consume every event. The ratio is
+against the 0-watcher median of the same run. For context the same pgbench
+also runs with `_bump` swapped for a variant that never notifies and one that
+notifies on every operation (0 watchers).
+
+Latency: a writer process does claim + release cycles (about 300 events/s)
+while 1 or 100 watchers in another process receive them; latency is the
+watcher's receive time minus the time just before the writer sent the
+statement (CLOCK_MONOTONIC is system-wide, so the two processes agree), so it
+includes the writer's own round trip and commit.
+
+Run ``python bench/watch_bench.py`` (a throwaway embedded server) or
+``--dsn ...``; ``--help`` for options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _server import find_pgbench, machine_info, throwaway_server
+
+from pglease import AsyncPostgresStore, Owner, PostgresStore
+from pglease.postgres._core import Queries
+from pglease.watch import AsyncWatcher, Watcher
+
+PGBENCH_ID_BASE = 10**18
+SCHEMA = "watch_bench"
+
+# ----------------------------------------------------------------------------- setup
+
+
+def setup(dsn: str, schema: str, resources: int) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with PostgresStore(dsn, schema=schema, max_size=2) as store:
+        ids = [store.ensure_resource("run", f"k{i}") for i in range(resources)]
+        with store.connection() as conn:
+            # pgbench can only pass numbers: give it resources with numeric ids.
+            conn.execute(
+                f'INSERT INTO "{schema}".resources (id, type, key)'
+                " SELECT (%s::bigint + g)::text, 'pgbench', g::text FROM generate_series(0, %s) g",
+                [PGBENCH_ID_BASE, resources - 1],
+            )
+            conn.execute(
+                f'INSERT INTO "{schema}".leases (resource_id)'
+                f" SELECT id FROM \"{schema}\".resources WHERE type = 'pgbench'"
+            )
+    return ids
+
+
+def bump_variants(dsn: str, schema: str) -> dict[str, str]:
+    """The installed `_bump` and two variants for context: never / always notify."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_get_functiondef(%s::regproc)", [f'"{schema}"._bump']
+        ).fetchone()
+    assert row is not None
+    src = str(row[0])
+    cond = re.search(r"IF (pg_try_advisory_xact_lock\(.*?) THEN\s+PERFORM pg_notify", src, re.S)
+    assert cond, "unexpected _bump text"
+    return {
+        "coalesced": src,
+        "no_notify": src.replace(cond[1], "false", 1),
+        "notify_every_op": src.replace(cond[1], "true", 1),
+    }
+
+
+def set_bump(dsn: str, definition: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(definition)
+
+
+def pgbench_script(schema: str, resources: int) -> str:
+    q = Queries(schema)
+
+    def fill(text: bytes, args: list[str]) -> str:
+        parts = text.decode().split("%s")
+        assert len(parts) == len(args) + 1
+        return "".join(p + a for p, a in zip(parts, [*args, ""], strict=True))
+
+    claim = fill(q.claim, [":rid", "'host'", "'bench'", ":tok", "30", "NULL", "NULL"])
+    release = fill(q.release, [":rid", "'host'", "'bench'", ":generation", ":tok", "NULL", "NULL"])
+    lo, hi = PGBENCH_ID_BASE, PGBENCH_ID_BASE + resources - 1
+    return f"\\set rid random({lo}, {hi})\n{claim} \\gset\n\\if :claimed\n{release}\n\\endif\n"
+
+
+def run_pgbench(dsn: str, script: str, clients: int, seconds: int) -> float:
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as f:
+        f.write(script)
+        f.flush()
+        cmd = [
+            find_pgbench(), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
+            "-T", str(seconds), "-D", "tok=\\x00", "-f", f.name, dsn,
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", proc.stdout)
+    if proc.returncode != 0 or not m:
+        raise SystemExit(f"pgbench failed:\n{proc.stdout}\n{proc.stderr}")
+    return float(m[1])
+
+
+def event_count(dsn: str, schema: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{schema}".events').fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+# ----------------------------------------------------------------------------- child roles
+
+
+def watchers_main(
+    dsn: str, schema: str, count: int, out: str, mode: str, nice: int, flavour: str
+) -> None:
+    """Hold `count` watchers until stdin closes; dump receive times and CPU used."""
+    if nice:
+        os.nice(nice)
+    received: list[list[tuple[str, int, float]]] = [[] for _ in range(count)]
+    clock = time.perf_counter
+    if flavour == "async":
+        cpu = asyncio.run(_async_watchers(dsn, schema, count, mode, received))
+        Path(out).write_text(json.dumps({"received": received, "cpu": cpu}))
+        return
+    store = PostgresStore(dsn, schema=schema, max_size=4, auto_migrate=False)
+    watchers = [Watcher(store, mode=mode) for _ in range(count)]
+
+    def consume(i: int) -> None:
+        sink = received[i]
+        for event in watchers[i]:
+            sink.append((event.resource_id, event.revision, clock()))
+
+    threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    print("ready", flush=True)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    sys.stdin.read()
+    cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    for w in watchers:
+        w.close()
+    for t in threads:
+        t.join(5)
+    Path(out).write_text(json.dumps({"received": received, "cpu": cpu}))
+
+
+async def _async_watchers(
+    dsn: str, schema: str, count: int, mode: str, received: list[list[tuple[str, int, float]]]
+) -> float:
+    clock = time.perf_counter
+    async with AsyncPostgresStore(dsn, schema=schema, max_size=4, auto_migrate=False) as store:
+        watchers = [await AsyncWatcher(store, mode=mode).start() for _ in range(count)]
+
+        async def consume(i: int) -> None:
+            sink = received[i]
+            async for event in watchers[i]:
+                sink.append((event.resource_id, event.revision, clock()))
+
+        tasks = [asyncio.create_task(consume(i)) for i in range(count)]
+        await asyncio.sleep(0.5)
+        print("ready", flush=True)
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        await asyncio.to_thread(sys.stdin.read)
+        cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+        for w in watchers:
+            await w.aclose()
+        await asyncio.wait(tasks, timeout=5)
+    return cpu
+
+
+def writer_main(dsn: str, schema: str, seconds: float, out: str) -> None:
+    """claim + release cycles; record when each event's statement was sent and acked."""
+    store = PostgresStore(dsn, schema=schema, max_size=2, auto_migrate=False)
+    ids = [r.id for r in store.list_resources("run")]
+    owner = Owner("host", "writer")
+    sent: dict[str, tuple[float, float]] = {}
+    rng = random.Random(1)
+    clock = time.perf_counter
+    end = clock() + seconds
+    while clock() < end:
+        rid = rng.choice(ids)
+        t0 = clock()
+        claim = store.claim(rid, owner, 30)
+        t1 = clock()
+        if claim is None:
+            continue
+        sent[f"{rid} {claim.revision}"] = (t0, t1)
+        t0 = clock()
+        rev = store.release(claim)
+        sent[f"{rid} {rev}"] = (t0, clock())
+        time.sleep(0.005)
+    Path(out).write_text(json.dumps(sent))
+
+
+def spawn_watchers(
+    dsn: str, schema: str, count: int, out: str, mode: str, nice: int = 0, flavour: str = "sync"
+) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "_watchers",
+            dsn,
+            schema,
+            str(count),
+            out,
+            mode,
+            str(nice),
+            flavour,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise SystemExit("watcher process failed to start")
+    return proc
+
+
+def stop_watchers(proc: subprocess.Popen[str], out: str) -> dict[str, Any]:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(60)
+    data: dict[str, Any] = json.loads(Path(out).read_text())
+    os.unlink(out)
+    return data
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def throughput(
+    dsn: str, schema: str, args: argparse.Namespace, script: str
+) -> list[dict[str, Any]]:
+    variants = bump_variants(dsn, schema)
+    # (bump variant, watchers, nice of the watcher process)
+    configs: list[tuple[str, int, int]] = [("coalesced", n, 0) for n in args.watchers]
+    if args.nice:
+        configs += [("coalesced", n, args.nice) for n in args.watchers if n]
+    if not args.skip_variants:
+        configs += [("no_notify", 0, 0), ("notify_every_op", 0, 0)]
+    tps: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
+    delivered: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
+    cpu: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
+    for rnd in range(args.rounds):
+        order = configs[:] if rnd % 2 == 0 else configs[::-1]
+        for config in order:
+            variant, n, nice = config
+            set_bump(dsn, variants[variant])
+            proc = None
+            out = tempfile.mktemp(suffix=".json")
+            if n:
+                proc = spawn_watchers(dsn, schema, n, out, args.mode, nice)
+            before = event_count(dsn, schema)
+            value = run_pgbench(dsn, script, args.clients, args.seconds)
+            after = event_count(dsn, schema)
+            if proc is not None:
+                got = stop_watchers(proc, out)
+                cpu[config].append(got["cpu"])
+                # Delivered by the time pgbench ended (a lagging consumer shows < 1).
+                delivered[config].append(
+                    min(len(g) for g in got["received"]) / max(1, after - before)
+                )
+            tps[config].append(value)
+            print(
+                f"  round {rnd + 1}: {variant:16s} watchers={n:3d} nice={nice:2d}"
+                f"  {value:8.0f} tps",
+                flush=True,
+            )
+    set_bump(dsn, variants["coalesced"])
+    base = statistics.median(tps[("coalesced", 0, 0)])
+    rows = []
+    for config in configs:
+        variant, n, nice = config
+        med = statistics.median(tps[config])
+        rows.append(
+            {
+                "bump": variant,
+                "watchers": n,
+                "nice": nice,
+                "tps_median": med,
+                "tps_all": tps[config],
+                "ratio": med / base,
+                "delivered": min(delivered[config]) if delivered[config] else None,
+                "watcher_cpu": statistics.median(cpu[config]) if cpu[config] else None,
+            }
+        )
+    return rows
+
+
+def latency(
+    dsn: str, schema: str, count: int, seconds: float, mode: str, flavour: str
+) -> dict[str, Any]:
+    out = tempfile.mktemp(suffix=".json")
+    wout = tempfile.mktemp(suffix=".json")
+    proc = spawn_watchers(dsn, schema, count, out, mode, 0, flavour)
+    subprocess.run(
+        [sys.executable, __file__, "_writer", dsn, schema, str(seconds), wout], check=True
+    )
+    time.sleep(0.5)
+    got = stop_watchers(proc, out)
+    sent: dict[str, list[float]] = json.loads(Path(wout).read_text())
+    os.unlink(wout)
+    from_ack, from_send = [], []
+    missing = 0
+    for per_watcher in got["received"]:
+        seen = {f"{rid} {rev}": t for rid, rev, t in per_watcher}
+        for key, (t_send, t_ack) in sent.items():
+            if key in seen:
+                from_ack.append((seen[key] - t_ack) * 1000)
+                from_send.append((seen[key] - t_send) * 1000)
+            else:
+                missing += 1
+    qa = statistics.quantiles(from_ack, n=100)
+    qs = statistics.quantiles(from_send, n=100)
+    return {
+        "watchers": count,
+        "flavour": flavour,
+        "events": len(sent),
+        "deliveries": len(from_ack),
+        "missing": missing,
+        "p50_ms": qa[49],
+        "p99_ms": qa[98],
+        "max_ms": max(from_ack),
+        "p50_from_send_ms": qs[49],
+        "p99_from_send_ms": qs[98],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "_watchers":
+        watchers_main(argv[1], argv[2], int(argv[3]), argv[4], argv[5], int(argv[6]), argv[7])
+        return 0
+    if argv and argv[0] == "_writer":
+        writer_main(argv[1], argv[2], float(argv[3]), argv[4])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--dsn", help="existing server (default: a throwaway embedded one)")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--seconds", type=int, default=10, help="per pgbench run")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--resources", type=int, default=1000)
+    p.add_argument(
+        "--watchers", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 10, 100]
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="also run each watcher count with the watcher process at this nice level",
+    )
+    p.add_argument("--latency-seconds", type=float, default=10.0)
+    p.add_argument("--mode", choices=["listen", "poll"], default="listen")
+    p.add_argument("--skip-variants", action="store_true", help="skip the no/every-op NOTIFY rows")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--json", help="also write the results to this file")
+    args = p.parse_args(argv)
+
+    def run(dsn: str) -> dict[str, Any]:
+        setup(dsn, SCHEMA, args.resources)
+        with psycopg.connect(dsn) as conn:
+            version = str(conn.execute("SHOW server_version").fetchone()[0])  # type: ignore[index]
+        print(f"server {version}; machine {machine_info()}", flush=True)
+        result: dict[str, Any] = {"server_version": version, "args": vars(args)}
+        if not args.skip_throughput:
+            print(f"throughput: pgbench -c {args.clients}, {args.seconds}s runs", flush=True)
+            script = pgbench_script(SCHEMA, args.resources)
+            result["throughput"] = throughput(dsn, SCHEMA, args, script)
+        result["latency"] = []
+        for n, flavour in ((1, "sync"), (100, "sync"), (1, "async"), (100, "async")):
+            print(f"latency with {n} {flavour} watcher(s)...", flush=True)
+            result["latency"].append(
+                latency(dsn, SCHEMA, n, args.latency_seconds, args.mode, flavour)
+            )
+        return result
+
+    if args.dsn:
+        result = run(args.dsn)
+    else:
+        with throwaway_server() as dsn:
+            result = run(dsn)
+    print()
+    if "throughput" in result:
+        print(
+            "| _bump | watchers | watcher nice | tps (median) | vs 0 watchers"
+            " | delivered by end | watcher CPU |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for r in result["throughput"]:
+            d = "-" if r["delivered"] is None else f"{r['delivered']:.3f}"
+            c = "-" if r["watcher_cpu"] is None else f"{r['watcher_cpu']:.2f} cores"
+            print(
+                f"| {r['bump']} | {r['watchers']} | {r['nice']} | {r['tps_median']:.0f}"
+                f" | {r['ratio']:.2f}x | {d} | {c} |"
+            )
+    print()
+    print(
+        "| watchers | kind | events | deliveries | missing | p50 ms | p99 ms | max ms"
+        " | p50 from send | p99 from send |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in result["latency"]:
+        print(
+            f"| {r['watchers']} | {r['flavour']} | {r['events']} | {r['deliveries']}"
+            f" | {r['missing']} |"
+            f" {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} |"
+            f" {r['p50_from_send_ms']:.2f} | {r['p99_from_send_ms']:.2f} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
