@@ -438,6 +438,14 @@ def test_revision_moved_under_the_handle_is_adopted(
         pg_store.renew(session._claim, 30)
         assert session.append_message(None, msg("a")).seq == 3
         assert session.revision == pg_store.get(session.resource_id).revision
+        # a commit that went through although its reply was lost: both the
+        # revision and next_seq the handle knows are stale
+        session.append_message(None, msg("b"))
+        session._revision -= 1
+        session._next_seq -= 1
+        entry = session.append_message(None, msg("c"))
+        assert entry.seq == 5 and session.stats().next_seq == 6
+        assert session.revision == pg_store.get(session.resource_id).revision
 
 
 def test_takeover_after_expiry_fences_the_old_holder(

@@ -901,7 +901,10 @@ class PostgresSession:
         fixed_now = None if self._repo.now_ms is None else self._repo.now_ms()
         with self._lock:
             self._usable()
-            for attempt in (1, 2):
+            # After an ambiguous failure (connection lost around COMMIT) both the
+            # revision and next_seq can be stale: each may be resynced once.
+            resynced_revision = resynced_seq = False
+            while True:
                 first = self._next_seq
                 payload = {
                     "session": self._id,
@@ -925,15 +928,17 @@ class PostgresSession:
                 except StaleResourceError as exc:
                     # The lease was checked first and is ours: the revision moved
                     # under us (a renew whose reply we missed). Adopt it and retry.
-                    if attempt == 2 or exc.actual is None:
+                    if resynced_revision or exc.actual is None:
                         raise
+                    resynced_revision = True
                     self._revision = exc.actual
                     continue
                 except _SeqMoved as exc:
-                    if attempt == 2:
+                    if resynced_seq:
                         raise SessionCorruptError(
                             f"session {self._id}: next_seq moved under the writer lease"
                         ) from None
+                    resynced_seq = True
                     self._next_seq = exc.next_seq
                     continue
                 except psycopg.errors.UniqueViolation as exc:
@@ -942,7 +947,6 @@ class PostgresSession:
                 value: tuple[CommitResult, list[Entry], list[UsageRow]] = result.value
                 self._next_seq = value[0].next_seq
                 return value
-        raise AssertionError("unreachable")
 
     def commit(self, writes: Sequence[Write]) -> CommitResult:
         """Apply `writes` atomically, fenced by the writer lease: seqs next_seq..,
