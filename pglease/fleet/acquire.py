@@ -338,8 +338,9 @@ def hold(
         if lease.lost_error is None:
             try:
                 store.release(lease.claim)
-            except LeaseLostError:
-                pass  # already ended in the database: nothing to give back
+            except LeaseLostError as exc:
+                # Ended in the database before we gave it back: that is a loss.
+                lease._lose(f"the database no longer had it at release ({exc})")
             except (psycopg.Error, PgleaseError) as exc:
                 log.warning(
                     "could not release %s (it expires by itself): %s", claim.resource_id, exc
@@ -473,8 +474,8 @@ async def hold_async(
 async def _release_async(store: AsyncLeaseStore, lease: AsyncHeldLease) -> None:
     try:
         await store.release(lease.claim)
-    except LeaseLostError:
-        pass
+    except LeaseLostError as exc:
+        lease._lose(f"the database no longer had it at release ({exc})")
     except (psycopg.Error, PgleaseError) as exc:
         log.warning("could not release %s (it expires by itself): %s", lease.resource_id, exc)
     lease._close("released on exit")
