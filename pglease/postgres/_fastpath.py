@@ -28,6 +28,7 @@ CLAIM = b"pglease_claim"
 RENEW = b"pglease_renew"
 RELEASE = b"pglease_release"
 
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 _ALREADY_PREPARED = b"42P05"  # duplicate_prepared_statement
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -39,14 +40,15 @@ def from_micros(value: bytes) -> datetime:
 
 
 def _encode(value: Any) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value
+    kind = type(value)
+    if kind is str:
+        return value.encode()  # type: ignore[no-any-return]
+    if value is None or kind is bytes:
+        return value  # type: ignore[no-any-return]
+    if kind is float:
+        return repr(value).encode()
     if isinstance(value, datetime):
         return value.isoformat().encode()
-    if isinstance(value, float):
-        return repr(value).encode()
     return str(value).encode()
 
 
@@ -77,15 +79,16 @@ class FastPath:
         if conn not in self._prepared:
             self._prepare(conn)
         values = [_encode(a) for a in args]
-        formats = [1 if isinstance(a, bytes) else 0 for a in args]
+        formats = [1 if type(a) is bytes else 0 for a in args]
         # libpq takes NULL parameters as None; the stub does not say so.
         result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
-        if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
-            # psycopg sends DEALLOCATE ALL after a rollback on the same connection
-            # (e.g. a failed mutate), which drops these statements too.
-            self._prepare(conn)
-            result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
-        _check(conn, result, pq.ExecStatus.TUPLES_OK)
+        if result.status != _TUPLES_OK:
+            if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
+                # psycopg sends DEALLOCATE ALL after a rollback on the same connection
+                # (e.g. a failed mutate), which drops these statements too.
+                self._prepare(conn)
+                result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
+            _check(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
 
 

@@ -26,18 +26,22 @@ class ConnectionStack:
         self._idle: list[psycopg.Connection[Any]] = []
         self._lock = threading.Lock()
 
+    def take(self) -> psycopg.Connection[Any]:
+        """A connection for one call; hand it back with `give_back` in a `finally`."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._pool.getconn()
+
     @contextmanager
     def borrow(self) -> Iterator[psycopg.Connection[Any]]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = self._pool.getconn()
+        conn = self.take()
         try:
             yield conn
         finally:
-            self._give_back(conn)
+            self.give_back(conn)
 
-    def _give_back(self, conn: psycopg.Connection[Any]) -> None:
+    def give_back(self, conn: psycopg.Connection[Any]) -> None:
         pgconn = conn.pgconn
         if (
             pgconn.status == pq.ConnStatus.OK

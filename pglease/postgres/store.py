@@ -115,8 +115,11 @@ class PostgresStore:
     ) -> Claim | None:
         """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
-        with self._conns.borrow() as conn:
+        conn = self._conns.take()
+        try:
             claimed, generation, expires_at, revision = self._fast.call(conn, CLAIM, args)
+        finally:
+            self._conns.give_back(conn)
         if claimed != b"t":
             return None
         return Claim(
@@ -133,8 +136,11 @@ class PostgresStore:
     ) -> Claim:
         """Extend a current, unexpired lease; return the updated claim."""
         args = _core.renew_args(claim, ttl, expected_revision, now)
-        with self._conns.borrow() as conn:
+        conn = self._conns.take()
+        try:
             expires_at, revision = self._fast.call(conn, RENEW, args)
+        finally:
+            self._conns.give_back(conn)
         return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
     def release(
@@ -142,8 +148,11 @@ class PostgresStore:
     ) -> int:
         """Give up a current lease (expired or not); return the new revision."""
         args = _core.release_args(claim, expected_revision, now)
-        with self._conns.borrow() as conn:
+        conn = self._conns.take()
+        try:
             (revision,) = self._fast.call(conn, RELEASE, args)
+        finally:
+            self._conns.give_back(conn)
         return int(revision)
 
     def mutate(
