@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from ..errors import (
     DatabaseUnavailableError,
@@ -46,7 +45,7 @@ from ..errors import (
 from ..ids import resource_id
 from ..postgres import PostgresStore
 from ..types import Claim, Owner, Permit
-from .branch_index import BranchIndexStore, BranchQuery, BranchRow, Segment, index_entry
+from .branch_index import BranchQuery
 from .branch_index import scan_branch as _scan_branch
 from .errors import (
     DuplicateIdError,
@@ -58,7 +57,6 @@ from .errors import (
     SessionError,
     SessionExistsError,
     SessionNotFoundError,
-    SessionVersionError,
     UnknownEntryError,
     WriterLeaseLostError,
 )
@@ -78,13 +76,25 @@ from .model import (
     SetRegister,
     UsageRow,
     Write,
-    dump_json,
     load_json,
-    sum_usage,
+)
+from .pg_core import (
+    OWNER_TYPE,
+    RESOURCE_TYPE,
+    SCAN_PAGE,
+    Batch,
+    CommitBuilder,
+    IndexCore,
+    PlanBuilder,
+    Row,
+    SeqMoved,
+    Sql,
+    check_version,
+    entry_from_row,
+    new_session_plan,
 )
 from .repository import SessionListing, SessionProblem, SessionRepository, check_session_id
 from .repository import read_session_file as _read_session_file
-from .schema import EMPTY_USAGE_JSON, ENTRY_TYPES, IDLE_LANE_STATE_JSON, MAIN_LANE, STORAGE_VERSION
 from .writes import Prepared, prepare_writes
 
 log = logging.getLogger("pglease.sessions")
@@ -92,574 +102,73 @@ log = logging.getLogger("pglease.sessions")
 Conn = psycopg.Connection[Any]
 NowMs = Callable[[], int]
 
-#: Resource type of a session's writer lease.
-RESOURCE_TYPE = "session"
-#: Owner type of a session writer handle.
-OWNER_TYPE = "session"
-#: Rows of the first round trip when a branch scan pages through a segment
-#: (pages then double, up to MAX_PAGE).
-SCAN_PAGE = 256
-MAX_PAGE = 8192
 
+class PgBranchIndex(IndexCore):
+    """The branch index on a blocking connection, in the caller's transaction:
+    a read the caches cannot answer flushes the buffered writes, then queries."""
 
-class _Sql:
-    """The session SQL of one schema, composed once per repository."""
-
-    def __init__(self, schema: str) -> None:
-        s = sql.Identifier(schema)
-
-        def q(text: str) -> bytes:
-            return sql.SQL(text).format(s=s).as_string(None).encode()
-
-        entry_cols = "id, parent_id, seq, type, custom_type, timestamp, payload"
-        seg_cols = "branch_id, tip_entry_id, tip_seq, base_branch_id, base_seq"
-        self.read_only = q("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        self.db_now = q("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
-        session_cols = (
-            "created_at, parent_session_id, storage_version, message_count, usage_payload, next_seq"
-        )
-        self.session_row = q(f"SELECT {session_cols} FROM {{s}}.sessions WHERE id = %s")
-        self.lock_session = q(
-            "SELECT next_seq, message_count, usage_payload,"
-            " (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-            " FROM {s}.sessions WHERE id = %s FOR UPDATE"
-        )
-        self.update_session = q(
-            "UPDATE {s}.sessions SET next_seq = %s, message_count = %s, usage_payload = %s"
-            " WHERE id = %s"
-        )
-        self.insert_session = q(
-            "INSERT INTO {s}.sessions (id, resource_id, created_at, parent_session_id,"
-            " storage_version, metadata, message_count, usage_payload, next_seq)"
-            " VALUES (%s, %s, coalesce(%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),"
-            " %s, %s, NULL, %s, %s, %s) ON CONFLICT DO NOTHING"
-        )
-        self.delete_session = q("DELETE FROM {s}.sessions WHERE id = %s")
-        self.session_exists = q("SELECT storage_version FROM {s}.sessions WHERE id = %s")
-        self.entry_count = q("SELECT count(*) FROM {s}.session_entries WHERE session_id = %s")
-        self.insert_entry = q(
-            f"INSERT INTO {{s}}.session_entries (session_id, {entry_cols})"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-        )
-        self.get_entry = q(
-            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND id = %s"
-        )
-        self.known_entries = q(
-            "SELECT id, seq FROM {s}.session_entries WHERE session_id = %s AND id = ANY(%s)"
-        )
-        self.known_usage = q(
-            "SELECT id FROM {s}.session_usage_ledger WHERE session_id = %s AND id = ANY(%s)"
-        )
-        self.scan_entries = q(
-            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND seq > %s"
-            " AND (%s::text[] IS NULL OR type = ANY(%s::text[])) ORDER BY seq LIMIT %s"
-        )
-        self.all_entries = q(
-            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s ORDER BY seq"
-        )
-        self.upsert_register = q(
-            "INSERT INTO {s}.session_registers (session_id, namespace, key, seq, value)"
-            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, namespace, key)"
-            " DO UPDATE SET seq = excluded.seq, value = excluded.value"
-        )
-        self.delete_register = q(
-            "DELETE FROM {s}.session_registers WHERE session_id = %s AND namespace = %s"
-            " AND key = %s"
-        )
-        self.get_register = q(
-            "SELECT namespace, key, seq, value FROM {s}.session_registers"
-            " WHERE session_id = %s AND namespace = %s AND key = %s"
-        )
-        self.list_registers = q(
-            "SELECT namespace, key, seq, value FROM {s}.session_registers"
-            " WHERE session_id = %s AND namespace = %s AND key >= %s AND starts_with(key, %s)"
-            " ORDER BY key"
-        )
-        self.all_registers = q(
-            "SELECT namespace, key, seq, value FROM {s}.session_registers"
-            " WHERE session_id = %s ORDER BY namespace, key"
-        )
-        usage_cols = "id, seq, entry_id, adjustment, usage, details"
-        self.insert_usage = q(
-            f"INSERT INTO {{s}}.session_usage_ledger (session_id, {usage_cols})"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s)"
-        )
-        self.usage_rows = q(
-            f"SELECT {usage_cols} FROM {{s}}.session_usage_ledger WHERE session_id = %s"
-            " ORDER BY seq"
-        )
-        # -- branch index
-        self.segment = q(
-            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
-            " WHERE session_id = %s AND branch_id = %s"
-        )
-        self.segments_by_tips = q(
-            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
-            " WHERE session_id = %s AND tip_entry_id = ANY(%s)"
-        )
-        self.segment_by_tip = q(
-            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
-            " WHERE session_id = %s AND tip_entry_id = %s"
-        )
-        self.covering_segment = q(
-            "SELECT m.branch_id, m.tip_entry_id, m.tip_seq, m.base_branch_id, m.base_seq"
-            " FROM {s}.session_branch_entries AS e JOIN {s}.session_branch_meta AS m"
-            " ON m.session_id = e.session_id AND m.branch_id = e.branch_id"
-            " WHERE e.session_id = %s AND e.entry_id = %s AND coalesce(m.base_seq, 0) < %s"
-            " AND %s <= m.tip_seq ORDER BY m.tip_seq DESC, m.branch_id LIMIT 1"
-        )
-        self.newest_row_of_type = q(
-            "SELECT entry_id, entry_seq, entry_type FROM {s}.session_branch_entries"
-            " WHERE session_id = %s AND branch_id = %s AND entry_type = %s"
-            " AND entry_seq > %s AND entry_seq <= %s ORDER BY entry_seq DESC LIMIT 1"
-        )
-        be_where = (
-            " WHERE be.session_id = %s AND be.branch_id = %s AND be.entry_seq > %s"
-            " AND be.entry_seq <= %s"
-        )
-        self.rows = {
-            order: q(
-                "SELECT be.entry_id, be.entry_seq, be.entry_type"
-                " FROM {s}.session_branch_entries AS be"
-                + be_where
-                + f" ORDER BY be.entry_seq {order} LIMIT %s"
-            )
-            for order in ("ASC", "DESC")
-        }
-        self.rows_with_entries = {
-            order: q(
-                "SELECT be.entry_id, be.entry_seq, be.entry_type, x.id, x.parent_id, x.seq,"
-                " x.type, x.custom_type, x.timestamp, x.payload"
-                " FROM {s}.session_branch_entries AS be"
-                " LEFT JOIN {s}.session_entries AS x"
-                " ON x.session_id = be.session_id AND x.id = be.entry_id"
-                + be_where
-                + f" ORDER BY be.entry_seq {order} LIMIT %s"
-            )
-            for order in ("ASC", "DESC")
-        }
-        self.insert_segment = q(
-            f"INSERT INTO {{s}}.session_branch_meta (session_id, {seg_cols})"
-            " VALUES (%s, %s, %s, %s, %s, %s)"
-        )
-        self.move_tip = q(
-            "UPDATE {s}.session_branch_meta SET tip_entry_id = %s, tip_seq = %s"
-            " WHERE session_id = %s AND branch_id = %s"
-        )
-        self.insert_branch_row = q(
-            "INSERT INTO {s}.session_branch_entries"
-            " (session_id, branch_id, entry_id, entry_seq, entry_type) VALUES (%s, %s, %s, %s, %s)"
-        )
-        # -- listing
-        self.list_sessions = q(
-            "SELECT s.id, s.created_at, s.parent_session_id, s.storage_version, s.message_count,"
-            " s.usage_payload, s.next_seq, l.owner_id, l.generation,"
-            " (extract(epoch FROM l.expires_at) * 1000)::bigint"
-            " FROM {s}.sessions AS s LEFT JOIN {s}.leases AS l ON l.resource_id = s.resource_id"
-            " AND l.owner_id IS NOT NULL AND l.expires_at > clock_timestamp()"
-            " WHERE %s::text IS NULL OR s.id = %s"
-        )
-
-
-def entry_from_row(row: Sequence[Any]) -> Entry:
-    """An `Entry` from `(id, parent_id, seq, type, custom_type, timestamp, payload)`."""
-    entry_id, parent_id, seq, type_, custom_type, timestamp, payload = row
-    if type_ not in ENTRY_TYPES:
-        raise SessionCorruptError(f"entry {entry_id} has unknown type {type_!r}")
-    return Entry(entry_id, parent_id, int(seq), type_, custom_type, int(timestamp), payload)
-
-
-def _segment(row: Sequence[Any] | None) -> Segment | None:
-    return None if row is None else Segment(row[0], row[1], int(row[2]), row[3], row[4])
-
-
-# --- the branch index on PostgreSQL ------------------------------------------------------
-
-
-class PgBranchIndex(BranchIndexStore):
-    """The `session_branch_*` tables as a `BranchIndexStore`, in the caller's transaction.
-
-    Writes are buffered and sent in batches by `flush()`: appending a chain of
-    entries (rule 2, the common case) then costs no round trip per entry. Any
-    read the cache cannot answer flushes first, so reads always see every write.
-    With `load_entries`, `rows()` also fetches the entries themselves (one
-    round trip per page instead of one per entry); `load()` hands them out.
-    """
-
-    def __init__(
-        self,
-        conn: Conn,
-        q: _Sql,
-        session_id: str,
-        *,
-        load_entries: bool = False,
-        first_page: int = SCAN_PAGE,
-    ):
+    def __init__(self, conn: Conn, q: Sql, session_id: str, **kwargs: Any) -> None:
+        super().__init__(q, session_id, **kwargs)
         self.conn = conn
-        self.first_page = max(1, first_page)
-        self.q = q
-        self.session_id = session_id
-        self.load_entries = load_entries
-        self.loaded: dict[str, Entry] = {}
-        # Every segment read or written in this transaction, as it is now.
-        self._segments: dict[str, Segment] = {}
-        self._by_tip: dict[str, str] = {}
-        self._new: list[Segment] = []
-        self._new_ids: set[str] = set()
-        self._moved: set[str] = set()
-        self._rows: list[tuple[str, str, str, int, str]] = []
-
-    def remember(self, segment: Segment | None) -> Segment | None:
-        """Cache a segment read by the caller in this transaction (before any write)."""
-        if segment is not None:
-            old = self._segments.get(segment.branch_id)
-            if old is not None:
-                return old  # ours is newer than anything flushed
-            self._segments[segment.branch_id] = segment
-            self._by_tip[segment.tip_entry_id] = segment.branch_id
-        return segment
 
     def flush(self) -> None:
-        """Send buffered segment inserts, tip moves and rows."""
-        sid = self.session_id
-        with self.conn.cursor() as cur:
-            if self._new:
-                cur.executemany(
-                    self.q.insert_segment,
-                    [
-                        (sid, s.branch_id, s.tip_entry_id, s.tip_seq, s.base_branch_id, s.base_seq)
-                        for s in (self._segments[n.branch_id] for n in self._new)
-                    ],
-                )
-            if self._moved:
-                cur.executemany(
-                    self.q.move_tip,
-                    [
-                        (s.tip_entry_id, s.tip_seq, sid, s.branch_id)
-                        for s in (self._segments[b] for b in sorted(self._moved))
-                    ],
-                )
-            if self._rows:
-                cur.executemany(self.q.insert_branch_row, self._rows)
-        self._new.clear()
-        self._new_ids.clear()
-        self._moved.clear()
-        self._rows.clear()
+        """Send the buffered segment inserts, tip moves and rows."""
+        send(self.conn, self.pending())
 
-    def segment(self, branch_id: str) -> Segment | None:
-        if branch_id in self._segments:
-            return self._segments[branch_id]
+    def fetch(self, query: bytes, params: Row) -> list[Row]:
         self.flush()
-        row = self.conn.execute(self.q.segment, (self.session_id, branch_id)).fetchone()
-        return self.remember(_segment(row))
-
-    def segment_by_tip(self, tip_entry_id: str) -> Segment | None:
-        branch_id = self._by_tip.get(tip_entry_id)
-        if branch_id is not None:
-            return self._segments[branch_id]
-        self.flush()
-        row = self.conn.execute(self.q.segment_by_tip, (self.session_id, tip_entry_id)).fetchone()
-        return self.remember(_segment(row))
-
-    def covering_segment(self, entry_id: str, entry_seq: int) -> Segment | None:
-        self.flush()
-        row = self.conn.execute(
-            self.q.covering_segment, (self.session_id, entry_id, entry_seq, entry_seq)
-        ).fetchone()
-        return self.remember(_segment(row))
-
-    def newest_row_of_type(
-        self, branch_id: str, entry_type: str, above_seq: int, upto_seq: int
-    ) -> BranchRow | None:
-        self.flush()
-        row = self.conn.execute(
-            self.q.newest_row_of_type,
-            (self.session_id, branch_id, entry_type, above_seq, upto_seq),
-        ).fetchone()
-        return None if row is None else BranchRow(row[0], int(row[1]), row[2])
-
-    def rows(
-        self, branch_id: str, above_seq: int, upto_seq: int, newest_first: bool
-    ) -> Iterator[BranchRow]:
-        """Pages by keyset, so a scan with a small limit reads little: the first
-        page is `first_page` rows, each next one twice as big (up to `MAX_PAGE`)."""
-        self.flush()
-        order = "DESC" if newest_first else "ASC"
-        query = (self.q.rows_with_entries if self.load_entries else self.q.rows)[order]
-        low, high = above_seq, upto_seq
-        size = self.first_page
-        while high > low:
-            page = self.conn.execute(
-                query, (self.session_id, branch_id, low, high, size)
-            ).fetchall()
-            for r in page:
-                if self.load_entries and r[3] is not None:
-                    self.loaded[r[0]] = entry_from_row(r[3:])
-                yield BranchRow(r[0], int(r[1]), r[2])
-            if len(page) < size:
-                return
-            last = int(page[-1][1])
-            if newest_first:
-                high = last - 1
-            else:
-                low = last
-            size = min(size * 2, MAX_PAGE)
-
-    def add_segment(self, segment: Segment) -> None:
-        if segment.branch_id in self._segments or segment.tip_entry_id in self._by_tip:
-            raise SessionCorruptError(f"segment {segment.branch_id} already exists")
-        self._segments[segment.branch_id] = segment
-        self._by_tip[segment.tip_entry_id] = segment.branch_id
-        self._new.append(segment)
-        self._new_ids.add(segment.branch_id)
-
-    def move_tip(self, branch_id: str, tip_entry_id: str, tip_seq: int) -> None:
-        old = self.segment(branch_id)
-        if old is None:
-            raise SessionCorruptError(f"corrupt branch index: no segment {branch_id}")
-        self._by_tip.pop(old.tip_entry_id, None)
-        self._segments[branch_id] = Segment(
-            branch_id, tip_entry_id, tip_seq, old.base_branch_id, old.base_seq
-        )
-        self._by_tip[tip_entry_id] = branch_id
-        if branch_id not in self._new_ids:
-            self._moved.add(branch_id)
-
-    def add_rows(self, branch_id: str, rows: Sequence[BranchRow]) -> None:
-        sid = self.session_id
-        self._rows.extend((sid, branch_id, r.entry_id, r.entry_seq, r.entry_type) for r in rows)
-
-    def load(self, row: BranchRow) -> Entry:
-        """The entry of a row returned by `rows()` (fetched with it when possible)."""
-        entry = self.loaded.pop(row.entry_id, None)
-        if entry is not None:
-            return entry
-        found = self.conn.execute(self.q.get_entry, (self.session_id, row.entry_id)).fetchone()
-        if found is None:
-            raise SessionCorruptError(
-                f"corrupt branch index: indexed entry {row.entry_id!r} does not exist"
-            )
-        return entry_from_row(found)
+        return self.conn.execute(query, params).fetchall()
 
 
-# --- writing ----------------------------------------------------------------------------
-
-
-class _SeqMoved(Exception):
-    """The session's next_seq is not what the handle expected (internal; retried)."""
-
-    def __init__(self, next_seq: int) -> None:
-        super().__init__(next_seq)
-        self.next_seq = next_seq
-
-
-def _insert_entries(conn: Conn, q: _Sql, session_id: str, entries: Sequence[Entry]) -> None:
-    if entries:
+def send(conn: Conn, batches: Sequence[Batch]) -> None:
+    """Run write batches in order."""
+    if batches:
         with conn.cursor() as cur:
-            cur.executemany(
-                q.insert_entry,
-                [
-                    (
-                        session_id,
-                        e.id,
-                        e.parent_id,
-                        e.seq,
-                        e.type,
-                        e.custom_type,
-                        e.timestamp,
-                        e.payload_json,
-                    )
-                    for e in entries
-                ],
-            )
-
-
-def write_plan_rows(
-    conn: Conn,
-    q: _Sql,
-    session_id: str,
-    plan: ForkPlan,
-    created_at: int | None,
-) -> None:
-    """Insert a new session built from a plan (caller's transaction). The entries
-    go through the branch index in seq order; an existing id fails."""
-    cur = conn.execute(
-        q.insert_session,
-        (
-            session_id,
-            resource_id(RESOURCE_TYPE, session_id),
-            created_at,
-            plan.parent_session_id,
-            STORAGE_VERSION,
-            plan.message_count,
-            EMPTY_USAGE_JSON,
-            plan.next_seq,
-        ),
-    )
-    if cur.rowcount != 1:
-        raise SessionExistsError(f"session {session_id} already exists")
-    index = PgBranchIndex(conn, q, session_id)
-    seqs: dict[str, int] = {}
-    for entry in sorted(plan.entries, key=lambda e: e.seq):
-        parent_seq = None if entry.parent_id is None else seqs.get(entry.parent_id)
-        if entry.parent_id is not None and parent_seq is None:
-            raise UnknownEntryError(f"entry {entry.id!r} has a missing parent {entry.parent_id!r}")
-        if entry.id in seqs:
-            raise DuplicateIdError(f"id {entry.id!r} appears twice in the plan")
-        index_entry(index, entry.id, entry.seq, entry.type, entry.parent_id, parent_seq)
-        seqs[entry.id] = entry.seq
-    index.flush()
-    _insert_entries(conn, q, session_id, plan.entries)
-    if plan.registers:
-        with conn.cursor() as c:
-            c.executemany(
-                q.upsert_register,
-                [(session_id, r.namespace, r.key, r.seq, r.value_json) for r in plan.registers],
-            )
-
-
-def new_session_plan(parent_session_id: str | None) -> ForkPlan:
-    """A new empty session: lane.leaf/main = null (seq 1), lane.state/main idle (seq 2)."""
-    return ForkPlan(
-        entries=(),
-        registers=(
-            Register("lane.leaf", MAIN_LANE, 1, "null"),
-            Register("lane.state", MAIN_LANE, 2, IDLE_LANE_STATE_JSON),
-        ),
-        message_count=0,
-        next_seq=3,
-        parent_session_id=parent_session_id,
-    )
+            for query, rows in batches:
+                cur.executemany(query, rows)
 
 
 def _write_commit(
     conn: Conn,
-    q: _Sql,
+    q: Sql,
     session_id: str,
     prepared: Sequence[Prepared],
     expected_seq: int,
     fixed_now: int | None,
 ) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
     """The session half of a commit, inside the mutation's transaction."""
-    explicit: list[str] = []
-    parents: set[str] = set()
-    for item in prepared:
-        w = item.write
-        if isinstance(w, AppendEntry | AddUsage) and w.id is not None:
-            explicit.append(w.id)
-        if isinstance(w, AppendEntry) and w.parent_id is not None:
-            parents.add(w.parent_id)
-    if len(set(explicit)) != len(explicit):
-        dup = next(i for i in explicit if explicit.count(i) > 1)
-        raise DuplicateIdError(f"id {dup!r} is used twice in one commit")
-    lookup = sorted(parents | set(explicit))
-    index = PgBranchIndex(conn, q, session_id)
-    # The session row, the parents' seqs, the id checks and the segments whose
-    # tip is a parent (rule 2 needs nothing more) in one pipelined round trip.
+    build = CommitBuilder(
+        q, session_id, prepared, expected_seq, fixed_now, PgBranchIndex(conn, q, session_id)
+    )
+    # The reads of the whole commit in one pipelined round trip.
     with conn.pipeline():
-        c_session = conn.execute(q.lock_session, (session_id,))
-        c_known = conn.execute(q.known_entries, (session_id, lookup)) if lookup else None
-        c_usage = conn.execute(q.known_usage, (session_id, explicit)) if explicit else None
-        c_tips = (
-            conn.execute(q.segments_by_tips, (session_id, sorted(parents))) if parents else None
-        )
-        row = c_session.fetchone()
-        known = {r[0]: int(r[1]) for r in c_known.fetchall()} if c_known else {}
-        taken_usage = [r[0] for r in c_usage.fetchall()] if c_usage else []
-        tips = c_tips.fetchall() if c_tips else []
-    if row is None:
-        raise SessionNotFoundError(f"session {session_id} does not exist")
-    next_seq, message_count, usage_text, db_now = int(row[0]), int(row[1]), row[2], int(row[3])
-    if next_seq != expected_seq:
-        raise _SeqMoved(next_seq)
-    now = db_now if fixed_now is None else fixed_now
-    usage: dict[str, Any] = load_json(usage_text)
-    taken = [i for i in explicit if i in known] + taken_usage
-    if taken:
-        raise DuplicateIdError(f"id {taken[0]!r} is already used by an entry or usage row")
-    for tip in tips:
-        index.remember(_segment(tip))
-
-    entries: list[Entry] = []
-    usage_rows: list[UsageRow] = []
-    register_ops: list[tuple[bytes, tuple[Any, ...]]] = []
-    ids: list[str | None] = []
-    seq = expected_seq
-    for item in prepared:
-        w = item.write
-        if isinstance(w, AppendEntry):
-            assert item.text is not None
-            entry_id = w.id or uuid7(now)
-            parent_seq: int | None = None
-            if w.parent_id is not None:
-                parent_seq = known.get(w.parent_id)
-                if parent_seq is None:
-                    raise UnknownEntryError(f"parent entry {w.parent_id!r} does not exist")
-            entry = Entry(entry_id, w.parent_id, seq, w.type, w.custom_type, now, item.text)
-            index_entry(index, entry_id, seq, w.type, w.parent_id, parent_seq)
-            known[entry_id] = seq
-            entries.append(entry)
-            if w.type == "message":
-                message_count += 1
-            ids.append(entry_id)
-        elif isinstance(w, AddUsage):
-            assert item.text is not None
-            usage_id = w.id or uuid7(now)
-            usage_rows.append(
-                UsageRow(usage_id, seq, w.entry_id, w.adjustment, item.text, item.details)
-            )
-            usage = sum_usage(usage, w.usage)
-            ids.append(usage_id)
-        elif isinstance(w, SetRegister):
-            register_ops.append(
-                (q.upsert_register, (session_id, w.namespace, w.key, seq, item.text))
-            )
-            ids.append(None)
-        else:
-            assert isinstance(w, DeleteRegister)
-            register_ops.append((q.delete_register, (session_id, w.namespace, w.key)))
-            ids.append(None)
-        seq += 1
+        cursors = {
+            name: conn.execute(query, params) for name, (query, params) in build.lookups().items()
+        }
+        results = {name: cur.fetchall() for name, cur in cursors.items()}
+    build.start(results)
+    for i in range(len(prepared)):
+        build.step(i)
     # Everything left is writes whose results we do not need: one pipeline,
     # one network round trip (errors still surface here, inside the transaction).
     with conn.pipeline():
-        _write_rest(conn, q, session_id, index, entries, usage_rows, register_ops)
-        conn.execute(
-            q.update_session, (seq, message_count, dump_json(usage, "usage_payload"), session_id)
-        )
-    return CommitResult(expected_seq, seq, now, tuple(ids)), entries, usage_rows
+        send(conn, build.batches())
+    return build.result()
 
 
-def _write_rest(
-    conn: Conn,
-    q: _Sql,
-    session_id: str,
-    index: PgBranchIndex,
-    entries: Sequence[Entry],
-    usage_rows: Sequence[UsageRow],
-    register_ops: Sequence[tuple[bytes, tuple[Any, ...]]],
+def write_plan_rows(
+    conn: Conn, q: Sql, session_id: str, plan: ForkPlan, created_at: int | None
 ) -> None:
-    for query, params in register_ops:
-        conn.execute(query, params)
-    index.flush()
-    _insert_entries(conn, q, session_id, entries)
-    if usage_rows:
-        with conn.cursor() as cur:
-            cur.executemany(
-                q.insert_usage,
-                [
-                    (
-                        session_id,
-                        u.id,
-                        u.seq,
-                        u.entry_id,
-                        int(u.adjustment),
-                        u.usage_json,
-                        u.details_json,
-                    )
-                    for u in usage_rows
-                ],
-            )
+    """Insert a new session built from a plan (caller's transaction). The entries
+    go through the branch index in seq order; an existing id fails."""
+    build = PlanBuilder(q, session_id, plan, created_at, PgBranchIndex(conn, q, session_id))
+    query, params = build.session_insert()
+    if conn.execute(query, params).rowcount != 1:
+        raise SessionExistsError(f"session {session_id} already exists")
+    for i in range(len(build.entries)):
+        build.step(i)
+    with conn.pipeline():
+        send(conn, build.batches())
 
 
 def _translate_unique(exc: psycopg.errors.UniqueViolation) -> SessionError:
@@ -673,34 +182,23 @@ def _translate_unique(exc: psycopg.errors.UniqueViolation) -> SessionError:
 
 
 @contextmanager
-def _read_transaction(store: PostgresStore, q: _Sql) -> Iterator[Conn]:
+def _read_transaction(store: PostgresStore, q: Sql) -> Iterator[Conn]:
     """A repeatable-read, read-only transaction: one consistent view of a session."""
     with store.connection() as conn, conn.transaction():
         conn.execute(q.read_only)
         yield conn
 
 
-def _read_snapshot(conn: Conn, q: _Sql, session_id: str) -> SessionSnapshot:
+def _read_snapshot(conn: Conn, q: Sql, session_id: str) -> SessionSnapshot:
     row = conn.execute(q.session_row, (session_id,)).fetchone()
     if row is None:
         raise SessionNotFoundError(f"session {session_id} does not exist")
-    _check_version(session_id, int(row[2]))
+    check_version(session_id, int(row[2]))
     entries = tuple(entry_from_row(r) for r in conn.execute(q.all_entries, (session_id,)))
     registers = tuple(
         Register(r[0], r[1], int(r[2]), r[3]) for r in conn.execute(q.all_registers, (session_id,))
     )
     return SessionSnapshot(entries, registers, row[1])
-
-
-def _check_version(session_id: str, version: int) -> None:
-    if version > STORAGE_VERSION:
-        raise SessionVersionError(
-            f"session {session_id} has storage_version {version}, newer than {STORAGE_VERSION}"
-        )
-    if version < STORAGE_VERSION:
-        raise SessionVersionError(
-            f"session {session_id} has storage_version {version}, which requires migrations"
-        )
 
 
 # --- the handle ---------------------------------------------------------------------------
@@ -933,7 +431,7 @@ class PostgresSession:
                     resynced_revision = True
                     self._revision = exc.actual
                     continue
-                except _SeqMoved as exc:
+                except SeqMoved as exc:
                     if resynced_seq:
                         raise SessionCorruptError(
                             f"session {self._id}: next_seq moved under the writer lease"
@@ -1146,7 +644,7 @@ class PostgresSessionRepository:
         self.renew_interval = renew_interval
         self.now_ms = now_ms
         self.on_lost = on_lost
-        self._q = _Sql(store.schema)
+        self._q = Sql(store.schema)
         self._lock = threading.Lock()
         self._open: weakref.WeakSet[PostgresSession] = weakref.WeakSet()
 
@@ -1222,7 +720,7 @@ class PostgresSessionRepository:
             row = conn.execute(self._q.session_exists, (session_id,)).fetchone()
         if row is None:
             raise SessionNotFoundError(f"session {session_id} does not exist")
-        _check_version(session_id, int(row[0]))
+        check_version(session_id, int(row[0]))
         rid = resource_id(RESOURCE_TYPE, session_id)
         claim, started = self._claim(session_id, rid, wait)
         try:
@@ -1354,7 +852,7 @@ class PostgresSessionRepository:
             sid = r[0]
             location = f"{self.store.schema}.sessions/{sid}"
             try:
-                _check_version(sid, int(r[3]))
+                check_version(sid, int(r[3]))
                 usage = json.loads(r[5])
             except (SessionError, ValueError) as exc:
                 error = (

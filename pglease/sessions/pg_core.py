@@ -1,0 +1,722 @@
+"""What the sync and asyncio PostgreSQL session stores share: SQL, the buffered
+branch index, and the commit / plan builders.
+
+Neither store's semantics can drift from the other's: both move the same
+statements over a connection. The branch-index algorithm (`index_entry`,
+`scan_branch`) is synchronous; the asyncio store runs it against a
+`ReplayIndex`, which answers reads from what was fetched so far and raises
+`Miss` for anything else. The driver fetches that and runs the step again.
+That is safe because every step of the algorithm reads everything it needs
+before its first write (all writes are buffered here anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeAlias
+
+from psycopg import sql
+
+from ..ids import resource_id
+from .branch_index import BranchIndexStore, BranchRow, Segment, index_entry
+from .errors import (
+    DuplicateIdError,
+    SessionCorruptError,
+    SessionNotFoundError,
+    SessionVersionError,
+    UnknownEntryError,
+)
+from .fork import ForkPlan
+from .ids import uuid7
+from .model import (
+    AddUsage,
+    AppendEntry,
+    CommitResult,
+    DeleteRegister,
+    Entry,
+    Register,
+    SetRegister,
+    UsageRow,
+    dump_json,
+    load_json,
+    sum_usage,
+)
+from .schema import EMPTY_USAGE_JSON, ENTRY_TYPES, IDLE_LANE_STATE_JSON, MAIN_LANE, STORAGE_VERSION
+from .writes import Prepared
+
+#: Resource type of a session's writer lease.
+RESOURCE_TYPE = "session"
+#: Owner type of a session writer handle.
+OWNER_TYPE = "session"
+#: Rows of the first round trip when a branch scan pages through a segment
+#: (pages then double, up to MAX_PAGE).
+SCAN_PAGE = 256
+MAX_PAGE = 8192
+
+Row: TypeAlias = tuple[Any, ...]
+#: One statement and the parameter rows to run it with (executemany).
+Batch: TypeAlias = tuple[bytes, list[Row]]
+
+
+class Sql:
+    """The session SQL of one schema, composed once per repository."""
+
+    def __init__(self, schema: str) -> None:
+        s = sql.Identifier(schema)
+
+        def q(text: str) -> bytes:
+            return sql.SQL(text).format(s=s).as_string(None).encode()
+
+        entry_cols = "id, parent_id, seq, type, custom_type, timestamp, payload"
+        seg_cols = "branch_id, tip_entry_id, tip_seq, base_branch_id, base_seq"
+        self.read_only = q("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        session_cols = (
+            "created_at, parent_session_id, storage_version, message_count, usage_payload, next_seq"
+        )
+        self.session_row = q(f"SELECT {session_cols} FROM {{s}}.sessions WHERE id = %s")
+        self.lock_session = q(
+            "SELECT next_seq, message_count, usage_payload,"
+            " (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+            " FROM {s}.sessions WHERE id = %s FOR UPDATE"
+        )
+        self.update_session = q(
+            "UPDATE {s}.sessions SET next_seq = %s, message_count = %s, usage_payload = %s"
+            " WHERE id = %s"
+        )
+        self.insert_session = q(
+            "INSERT INTO {s}.sessions (id, resource_id, created_at, parent_session_id,"
+            " storage_version, metadata, message_count, usage_payload, next_seq)"
+            " VALUES (%s, %s, coalesce(%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),"
+            " %s, %s, NULL, %s, %s, %s) ON CONFLICT DO NOTHING"
+        )
+        self.delete_session = q("DELETE FROM {s}.sessions WHERE id = %s")
+        self.session_exists = q("SELECT storage_version FROM {s}.sessions WHERE id = %s")
+        self.entry_count = q("SELECT count(*) FROM {s}.session_entries WHERE session_id = %s")
+        self.insert_entry = q(
+            f"INSERT INTO {{s}}.session_entries (session_id, {entry_cols})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+        )
+        self.get_entry = q(
+            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND id = %s"
+        )
+        self.known_entries = q(
+            "SELECT id, seq FROM {s}.session_entries WHERE session_id = %s AND id = ANY(%s)"
+        )
+        self.known_usage = q(
+            "SELECT id FROM {s}.session_usage_ledger WHERE session_id = %s AND id = ANY(%s)"
+        )
+        self.scan_entries = q(
+            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND seq > %s"
+            " AND (%s::text[] IS NULL OR type = ANY(%s::text[])) ORDER BY seq LIMIT %s"
+        )
+        self.all_entries = q(
+            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s ORDER BY seq"
+        )
+        self.upsert_register = q(
+            "INSERT INTO {s}.session_registers (session_id, namespace, key, seq, value)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, namespace, key)"
+            " DO UPDATE SET seq = excluded.seq, value = excluded.value"
+        )
+        self.delete_register = q(
+            "DELETE FROM {s}.session_registers WHERE session_id = %s AND namespace = %s"
+            " AND key = %s"
+        )
+        self.get_register = q(
+            "SELECT namespace, key, seq, value FROM {s}.session_registers"
+            " WHERE session_id = %s AND namespace = %s AND key = %s"
+        )
+        self.list_registers = q(
+            "SELECT namespace, key, seq, value FROM {s}.session_registers"
+            " WHERE session_id = %s AND namespace = %s AND key >= %s AND starts_with(key, %s)"
+            " ORDER BY key"
+        )
+        self.all_registers = q(
+            "SELECT namespace, key, seq, value FROM {s}.session_registers"
+            " WHERE session_id = %s ORDER BY namespace, key"
+        )
+        usage_cols = "id, seq, entry_id, adjustment, usage, details"
+        self.insert_usage = q(
+            f"INSERT INTO {{s}}.session_usage_ledger (session_id, {usage_cols})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s)"
+        )
+        self.usage_rows = q(
+            f"SELECT {usage_cols} FROM {{s}}.session_usage_ledger WHERE session_id = %s"
+            " ORDER BY seq"
+        )
+        # -- branch index
+        self.segment = q(
+            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
+            " WHERE session_id = %s AND branch_id = %s"
+        )
+        self.segments_by_tips = q(
+            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
+            " WHERE session_id = %s AND tip_entry_id = ANY(%s)"
+        )
+        self.segment_by_tip = q(
+            f"SELECT {seg_cols} FROM {{s}}.session_branch_meta"
+            " WHERE session_id = %s AND tip_entry_id = %s"
+        )
+        self.covering_segment = q(
+            "SELECT m.branch_id, m.tip_entry_id, m.tip_seq, m.base_branch_id, m.base_seq"
+            " FROM {s}.session_branch_entries AS e JOIN {s}.session_branch_meta AS m"
+            " ON m.session_id = e.session_id AND m.branch_id = e.branch_id"
+            " WHERE e.session_id = %s AND e.entry_id = %s AND coalesce(m.base_seq, 0) < %s"
+            " AND %s <= m.tip_seq ORDER BY m.tip_seq DESC, m.branch_id LIMIT 1"
+        )
+        self.newest_row_of_type = q(
+            "SELECT entry_id, entry_seq, entry_type FROM {s}.session_branch_entries"
+            " WHERE session_id = %s AND branch_id = %s AND entry_type = %s"
+            " AND entry_seq > %s AND entry_seq <= %s ORDER BY entry_seq DESC LIMIT 1"
+        )
+        be_where = (
+            " WHERE be.session_id = %s AND be.branch_id = %s AND be.entry_seq > %s"
+            " AND be.entry_seq <= %s"
+        )
+        self.rows = {
+            order: q(
+                "SELECT be.entry_id, be.entry_seq, be.entry_type"
+                " FROM {s}.session_branch_entries AS be"
+                + be_where
+                + f" ORDER BY be.entry_seq {order} LIMIT %s"
+            )
+            for order in ("ASC", "DESC")
+        }
+        self.rows_with_entries = {
+            order: q(
+                "SELECT be.entry_id, be.entry_seq, be.entry_type, x.id, x.parent_id, x.seq,"
+                " x.type, x.custom_type, x.timestamp, x.payload"
+                " FROM {s}.session_branch_entries AS be"
+                " LEFT JOIN {s}.session_entries AS x"
+                " ON x.session_id = be.session_id AND x.id = be.entry_id"
+                + be_where
+                + f" ORDER BY be.entry_seq {order} LIMIT %s"
+            )
+            for order in ("ASC", "DESC")
+        }
+        self.insert_segment = q(
+            f"INSERT INTO {{s}}.session_branch_meta (session_id, {seg_cols})"
+            " VALUES (%s, %s, %s, %s, %s, %s)"
+        )
+        self.move_tip = q(
+            "UPDATE {s}.session_branch_meta SET tip_entry_id = %s, tip_seq = %s"
+            " WHERE session_id = %s AND branch_id = %s"
+        )
+        self.insert_branch_row = q(
+            "INSERT INTO {s}.session_branch_entries"
+            " (session_id, branch_id, entry_id, entry_seq, entry_type) VALUES (%s, %s, %s, %s, %s)"
+        )
+        # -- listing: the live lease only (owner recorded and unexpired by the DB clock)
+        self.list_sessions = q(
+            "SELECT s.id, s.created_at, s.parent_session_id, s.storage_version, s.message_count,"
+            " s.usage_payload, s.next_seq, l.owner_id, l.generation,"
+            " (extract(epoch FROM l.expires_at) * 1000)::bigint"
+            " FROM {s}.sessions AS s LEFT JOIN {s}.leases AS l ON l.resource_id = s.resource_id"
+            " AND l.owner_id IS NOT NULL AND l.expires_at > clock_timestamp()"
+            " WHERE %s::text IS NULL OR s.id = %s"
+        )
+
+
+# --- rows ----------------------------------------------------------------------------------
+
+
+def entry_from_row(row: Sequence[Any]) -> Entry:
+    """An `Entry` from `(id, parent_id, seq, type, custom_type, timestamp, payload)`."""
+    entry_id, parent_id, seq, type_, custom_type, timestamp, payload = row
+    if type_ not in ENTRY_TYPES:
+        raise SessionCorruptError(f"entry {entry_id} has unknown type {type_!r}")
+    return Entry(entry_id, parent_id, int(seq), type_, custom_type, int(timestamp), payload)
+
+
+def register_from_row(row: Sequence[Any]) -> Register:
+    return Register(row[0], row[1], int(row[2]), row[3])
+
+
+def usage_from_row(row: Sequence[Any]) -> UsageRow:
+    return UsageRow(row[0], int(row[1]), row[2], bool(row[3]), row[4], row[5])
+
+
+def segment_from_row(row: Sequence[Any] | None) -> Segment | None:
+    return None if row is None else Segment(row[0], row[1], int(row[2]), row[3], row[4])
+
+
+def check_version(session_id: str, version: int) -> None:
+    if version > STORAGE_VERSION:
+        raise SessionVersionError(
+            f"session {session_id} has storage_version {version}, newer than {STORAGE_VERSION}"
+        )
+    if version < STORAGE_VERSION:
+        raise SessionVersionError(
+            f"session {session_id} has storage_version {version}, which requires migrations"
+        )
+
+
+# --- the buffered branch index ---------------------------------------------------------------
+
+
+class IndexCore(BranchIndexStore):
+    """The `session_branch_*` tables as a `BranchIndexStore`, in one transaction.
+
+    Writes are buffered (`pending()` hands them out as batches): appending a
+    chain of entries (rule 2, the common case) costs no round trip per entry.
+    Segments read or written are cached as they are now. Other reads go
+    through `fetch`, which subclasses implement (flushing first, so reads see
+    every write). With `load_entries`, `rows()` fetches the entries with the
+    index rows (one round trip per page); `load()` hands them out.
+    """
+
+    def __init__(
+        self,
+        q: Sql,
+        session_id: str,
+        *,
+        load_entries: bool = False,
+        first_page: int = SCAN_PAGE,
+    ) -> None:
+        self.q = q
+        self.session_id = session_id
+        self.load_entries = load_entries
+        self.first_page = max(1, first_page)
+        self.loaded: dict[str, Entry] = {}
+        self._segments: dict[str, Segment] = {}
+        self._by_tip: dict[str, str] = {}
+        self._new: list[str] = []
+        self._moved: set[str] = set()
+        self._rows: list[Row] = []
+
+    def fetch(self, query: bytes, params: Row) -> list[Row]:
+        """Run a read (after any buffered writes) and return its rows."""
+        raise NotImplementedError
+
+    def _written(self) -> None:
+        """Called after every buffered write."""
+
+    def remember(self, segment: Segment | None) -> Segment | None:
+        """Cache a segment read in this transaction; a cached one is never older."""
+        if segment is not None:
+            old = self._segments.get(segment.branch_id)
+            if old is not None:
+                return old
+            self._segments[segment.branch_id] = segment
+            self._by_tip[segment.tip_entry_id] = segment.branch_id
+        return segment
+
+    def pending(self) -> list[Batch]:
+        """Buffered writes as batches (segment inserts, tip moves, rows); clears them."""
+        sid = self.session_id
+        batches: list[Batch] = []
+        if self._new:
+            batches.append(
+                (
+                    self.q.insert_segment,
+                    [
+                        (sid, s.branch_id, s.tip_entry_id, s.tip_seq, s.base_branch_id, s.base_seq)
+                        for s in (self._segments[b] for b in self._new)
+                    ],
+                )
+            )
+        if self._moved:
+            batches.append(
+                (
+                    self.q.move_tip,
+                    [
+                        (s.tip_entry_id, s.tip_seq, sid, s.branch_id)
+                        for s in (self._segments[b] for b in sorted(self._moved))
+                    ],
+                )
+            )
+        if self._rows:
+            batches.append((self.q.insert_branch_row, list(self._rows)))
+        self._new.clear()
+        self._moved.clear()
+        self._rows.clear()
+        return batches
+
+    def _one(self, query: bytes, params: Row) -> Row | None:
+        rows = self.fetch(query, params)
+        return rows[0] if rows else None
+
+    def segment(self, branch_id: str) -> Segment | None:
+        if branch_id in self._segments:
+            return self._segments[branch_id]
+        return self.remember(
+            segment_from_row(self._one(self.q.segment, (self.session_id, branch_id)))
+        )
+
+    def segment_by_tip(self, tip_entry_id: str) -> Segment | None:
+        branch_id = self._by_tip.get(tip_entry_id)
+        if branch_id is not None:
+            return self._segments[branch_id]
+        return self.remember(
+            segment_from_row(self._one(self.q.segment_by_tip, (self.session_id, tip_entry_id)))
+        )
+
+    def covering_segment(self, entry_id: str, entry_seq: int) -> Segment | None:
+        row = self._one(self.q.covering_segment, (self.session_id, entry_id, entry_seq, entry_seq))
+        return self.remember(segment_from_row(row))
+
+    def newest_row_of_type(
+        self, branch_id: str, entry_type: str, above_seq: int, upto_seq: int
+    ) -> BranchRow | None:
+        row = self._one(
+            self.q.newest_row_of_type,
+            (self.session_id, branch_id, entry_type, above_seq, upto_seq),
+        )
+        return None if row is None else BranchRow(row[0], int(row[1]), row[2])
+
+    def rows(
+        self, branch_id: str, above_seq: int, upto_seq: int, newest_first: bool
+    ) -> Iterator[BranchRow]:
+        """Pages by keyset, so a scan with a small limit reads little: the first
+        page is `first_page` rows, each next one twice as big (up to `MAX_PAGE`)."""
+        order = "DESC" if newest_first else "ASC"
+        query = (self.q.rows_with_entries if self.load_entries else self.q.rows)[order]
+        low, high = above_seq, upto_seq
+        size = self.first_page
+        while high > low:
+            page = self.fetch(query, (self.session_id, branch_id, low, high, size))
+            for r in page:
+                if self.load_entries and r[3] is not None:
+                    self.loaded[r[0]] = entry_from_row(r[3:])
+                yield BranchRow(r[0], int(r[1]), r[2])
+            if len(page) < size:
+                return
+            last = int(page[-1][1])
+            if newest_first:
+                high = last - 1
+            else:
+                low = last
+            size = min(size * 2, MAX_PAGE)
+
+    def add_segment(self, segment: Segment) -> None:
+        if segment.branch_id in self._segments or segment.tip_entry_id in self._by_tip:
+            raise SessionCorruptError(f"segment {segment.branch_id} already exists")
+        self._segments[segment.branch_id] = segment
+        self._by_tip[segment.tip_entry_id] = segment.branch_id
+        self._new.append(segment.branch_id)
+        self._written()
+
+    def move_tip(self, branch_id: str, tip_entry_id: str, tip_seq: int) -> None:
+        old = self._segments.get(branch_id)
+        if old is None:  # the algorithm always reads a segment before moving its tip
+            raise SessionCorruptError(f"corrupt branch index: no segment {branch_id}")
+        self._by_tip.pop(old.tip_entry_id, None)
+        self._segments[branch_id] = Segment(
+            branch_id, tip_entry_id, tip_seq, old.base_branch_id, old.base_seq
+        )
+        self._by_tip[tip_entry_id] = branch_id
+        if branch_id not in self._new:
+            self._moved.add(branch_id)
+        self._written()
+
+    def add_rows(self, branch_id: str, rows: Sequence[BranchRow]) -> None:
+        sid = self.session_id
+        self._rows.extend((sid, branch_id, r.entry_id, r.entry_seq, r.entry_type) for r in rows)
+        self._written()
+
+    def load(self, row: BranchRow) -> Entry:
+        """The entry of a row returned by `rows()` (fetched with it when possible)."""
+        entry = self.loaded.get(row.entry_id)
+        if entry is not None:
+            return entry
+        found = self._one(self.q.get_entry, (self.session_id, row.entry_id))
+        if found is None:
+            raise SessionCorruptError(
+                f"corrupt branch index: indexed entry {row.entry_id!r} does not exist"
+            )
+        return entry_from_row(found)
+
+
+class Miss(Exception):
+    """A `ReplayIndex` read that has not been fetched yet (internal)."""
+
+    def __init__(self, query: bytes, params: Row) -> None:
+        super().__init__("branch index read not fetched yet")
+        self.query = query
+        self.params = params
+
+
+class ReplayIndex(IndexCore):
+    """An `IndexCore` for drivers that cannot block (asyncio): a read answers
+    from the rows fetched so far or raises `Miss`; the driver flushes
+    `pending()`, fetches, `supply()`s the rows and runs the step again.
+
+    A write forgets fetched reads (the next run of a read must see it);
+    cached segments stay valid because every change goes through this object.
+    """
+
+    def __init__(self, q: Sql, session_id: str, **kwargs: Any) -> None:
+        super().__init__(q, session_id, **kwargs)
+        self._reads: dict[tuple[bytes, Row], list[Row]] = {}
+
+    def fetch(self, query: bytes, params: Row) -> list[Row]:
+        found = self._reads.get((query, params))
+        if found is None:
+            raise Miss(query, params)
+        return found
+
+    def supply(self, miss: Miss, rows: list[Row]) -> None:
+        self._reads[(miss.query, miss.params)] = rows
+
+    def _written(self) -> None:
+        self._reads.clear()
+
+
+# --- commits -------------------------------------------------------------------------------------
+
+
+class SeqMoved(Exception):
+    """The session's next_seq is not what the handle expected (internal; resynced)."""
+
+    def __init__(self, next_seq: int) -> None:
+        super().__init__(next_seq)
+        self.next_seq = next_seq
+
+
+class CommitBuilder:
+    """The session half of one commit, independent of how SQL is sent.
+
+    1. `lookups()`: the reads to send together (one pipelined round trip);
+    2. `start(results)`: checks (next_seq, duplicate ids), fixes ids and time;
+    3. `step(i)` for each write: runs the branch index (replay-safe: state
+       changes only after the index step succeeded);
+    4. `batches()`: every remaining write, in order, as executemany batches.
+    """
+
+    def __init__(
+        self,
+        q: Sql,
+        session_id: str,
+        prepared: Sequence[Prepared],
+        expected_seq: int,
+        fixed_now: int | None,
+        index: IndexCore,
+    ) -> None:
+        self.q = q
+        self.session_id = session_id
+        self.prepared = prepared
+        self.expected_seq = expected_seq
+        self.fixed_now = fixed_now
+        self.index = index
+        explicit: list[str] = []
+        parents: set[str] = set()
+        for item in prepared:
+            w = item.write
+            if isinstance(w, AppendEntry | AddUsage) and w.id is not None:
+                explicit.append(w.id)
+            if isinstance(w, AppendEntry) and w.parent_id is not None:
+                parents.add(w.parent_id)
+        if len(set(explicit)) != len(explicit):
+            dup = next(i for i in explicit if explicit.count(i) > 1)
+            raise DuplicateIdError(f"id {dup!r} is used twice in one commit")
+        self.explicit = explicit
+        self.parents = sorted(parents)
+        self.lookup = sorted(parents | set(explicit))
+        self.entries: list[Entry] = []
+        self.usage_rows: list[UsageRow] = []
+        self.register_ops: list[Batch] = []
+        self.ids: list[str | None] = []
+        self.seq = expected_seq
+        self.now = 0
+        self.message_count = 0
+        self.usage: dict[str, Any] = {}
+        self.known: dict[str, int] = {}
+        self.item_ids: list[str | None] = []
+
+    def lookups(self) -> dict[str, tuple[bytes, Row]]:
+        """The session row (locked), parents' seqs, id checks, segments tipped by a parent."""
+        sid = self.session_id
+        reads: dict[str, tuple[bytes, Row]] = {"session": (self.q.lock_session, (sid,))}
+        if self.lookup:
+            reads["known"] = (self.q.known_entries, (sid, self.lookup))
+        if self.explicit:
+            reads["usage"] = (self.q.known_usage, (sid, self.explicit))
+        if self.parents:
+            reads["tips"] = (self.q.segments_by_tips, (sid, self.parents))
+        return reads
+
+    def start(self, results: dict[str, list[Row]]) -> None:
+        rows = results["session"]
+        if not rows:
+            raise SessionNotFoundError(f"session {self.session_id} does not exist")
+        next_seq, message_count, usage_text, db_now = rows[0]
+        if int(next_seq) != self.expected_seq:
+            raise SeqMoved(int(next_seq))
+        self.now = int(db_now) if self.fixed_now is None else self.fixed_now
+        self.message_count = int(message_count)
+        self.usage = load_json(usage_text)
+        self.known = {r[0]: int(r[1]) for r in results.get("known", [])}
+        taken = [i for i in self.explicit if i in self.known]
+        taken += [r[0] for r in results.get("usage", [])]
+        if taken:
+            raise DuplicateIdError(f"id {taken[0]!r} is already used by an entry or usage row")
+        for row in results.get("tips", []):
+            self.index.remember(segment_from_row(row))
+        # Ids are fixed before any step, so running a step again is harmless.
+        self.item_ids = [
+            (w.id or uuid7(self.now)) if isinstance(w, AppendEntry | AddUsage) else None
+            for w in (item.write for item in self.prepared)
+        ]
+
+    def step(self, i: int) -> None:
+        item = self.prepared[i]
+        w = item.write
+        seq = self.expected_seq + i
+        sid = self.session_id
+        if isinstance(w, AppendEntry):
+            assert item.text is not None
+            entry_id = self.item_ids[i]
+            assert entry_id is not None
+            parent_seq: int | None = None
+            if w.parent_id is not None:
+                parent_seq = self.known.get(w.parent_id)
+                if parent_seq is None:
+                    raise UnknownEntryError(f"parent entry {w.parent_id!r} does not exist")
+            index_entry(self.index, entry_id, seq, w.type, w.parent_id, parent_seq)
+            self.known[entry_id] = seq
+            self.entries.append(
+                Entry(entry_id, w.parent_id, seq, w.type, w.custom_type, self.now, item.text)
+            )
+            if w.type == "message":
+                self.message_count += 1
+        elif isinstance(w, AddUsage):
+            assert item.text is not None
+            usage_id = self.item_ids[i]
+            assert usage_id is not None
+            self.usage_rows.append(
+                UsageRow(usage_id, seq, w.entry_id, w.adjustment, item.text, item.details)
+            )
+            self.usage = sum_usage(self.usage, w.usage)
+        elif isinstance(w, SetRegister):
+            self.register_ops.append(
+                (self.q.upsert_register, [(sid, w.namespace, w.key, seq, item.text)])
+            )
+        else:
+            assert isinstance(w, DeleteRegister)
+            self.register_ops.append((self.q.delete_register, [(sid, w.namespace, w.key)]))
+        self.seq = seq + 1
+
+    def batches(self) -> list[Batch]:
+        sid = self.session_id
+        out = [*self.register_ops, *self.index.pending()]
+        if self.entries:
+            out.append((self.q.insert_entry, [entry_params(sid, e) for e in self.entries]))
+        if self.usage_rows:
+            out.append(
+                (
+                    self.q.insert_usage,
+                    [
+                        (
+                            sid,
+                            u.id,
+                            u.seq,
+                            u.entry_id,
+                            int(u.adjustment),
+                            u.usage_json,
+                            u.details_json,
+                        )
+                        for u in self.usage_rows
+                    ],
+                )
+            )
+        out.append(
+            (
+                self.q.update_session,
+                [(self.seq, self.message_count, dump_json(self.usage, "usage_payload"), sid)],
+            )
+        )
+        return out
+
+    def result(self) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
+        ids = tuple(self.item_ids)
+        return (
+            CommitResult(self.expected_seq, self.seq, self.now, ids),
+            self.entries,
+            self.usage_rows,
+        )
+
+
+def entry_params(session_id: str, e: Entry) -> Row:
+    return (
+        session_id,
+        e.id,
+        e.parent_id,
+        e.seq,
+        e.type,
+        e.custom_type,
+        e.timestamp,
+        e.payload_json,
+    )
+
+
+# --- new sessions from a plan --------------------------------------------------------------------
+
+
+def new_session_plan(parent_session_id: str | None) -> ForkPlan:
+    """A new empty session: lane.leaf/main = null (seq 1), lane.state/main idle (seq 2)."""
+    return ForkPlan(
+        entries=(),
+        registers=(
+            Register("lane.leaf", MAIN_LANE, 1, "null"),
+            Register("lane.state", MAIN_LANE, 2, IDLE_LANE_STATE_JSON),
+        ),
+        message_count=0,
+        next_seq=3,
+        parent_session_id=parent_session_id,
+    )
+
+
+class PlanBuilder:
+    """Writing a `ForkPlan` as a new session: the session row first (its
+    rowcount tells whether the id was free), then `step(i)` per entry in seq
+    order through the branch index, then `batches()`."""
+
+    def __init__(
+        self, q: Sql, session_id: str, plan: ForkPlan, created_at: int | None, index: IndexCore
+    ) -> None:
+        self.q = q
+        self.session_id = session_id
+        self.plan = plan
+        self.index = index
+        self.created_at = created_at
+        self.entries = sorted(plan.entries, key=lambda e: e.seq)
+        self.seqs: dict[str, int] = {}
+
+    def session_insert(self) -> tuple[bytes, Row]:
+        p = self.plan
+        return (
+            self.q.insert_session,
+            (
+                self.session_id,
+                resource_id(RESOURCE_TYPE, self.session_id),
+                self.created_at,
+                p.parent_session_id,
+                STORAGE_VERSION,
+                p.message_count,
+                EMPTY_USAGE_JSON,
+                p.next_seq,
+            ),
+        )
+
+    def step(self, i: int) -> None:
+        entry = self.entries[i]
+        if entry.id in self.seqs:
+            raise DuplicateIdError(f"id {entry.id!r} appears twice in the plan")
+        parent_seq = None if entry.parent_id is None else self.seqs.get(entry.parent_id)
+        if entry.parent_id is not None and parent_seq is None:
+            raise UnknownEntryError(f"entry {entry.id!r} has a missing parent {entry.parent_id!r}")
+        index_entry(self.index, entry.id, entry.seq, entry.type, entry.parent_id, parent_seq)
+        self.seqs[entry.id] = entry.seq
+
+    def batches(self) -> list[Batch]:
+        sid = self.session_id
+        out = self.index.pending()
+        if self.entries:
+            out.append((self.q.insert_entry, [entry_params(sid, e) for e in self.entries]))
+        if self.plan.registers:
+            out.append(
+                (
+                    self.q.upsert_register,
+                    [(sid, r.namespace, r.key, r.seq, r.value_json) for r in self.plan.registers],
+                )
+            )
+        return out
