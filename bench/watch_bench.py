@@ -1,18 +1,23 @@
 """Watchers: what they cost the writers, and how fast they deliver.
 
-Throughput (one run, interleaved rounds, median per configuration):
-``pgbench -c 8 -j 8 -M prepared`` runs the store's own claim + release SQL on
-random resources while a separate process holds 0, 1, 10 or 100 `Watcher`s
-(one hub, one LISTEN connection) that consume every event. The ratio is
-against the 0-watcher median of the same run. For context the same pgbench
+Throughput: ``pgbench -c 8 -j 8 -M prepared`` runs the store's own claim +
+release SQL on random resources while a separate process holds 0, 1, 10 or
+100 watchers (sync `Watcher` threads, or `AsyncWatcher` tasks on one loop; one
+hub, one LISTEN connection) that consume every event. Each configuration runs
+right before or after a fresh 0-watcher run (alternating), and the figure is
+the median over rounds of those paired ratios: the shared test host's speed
+drifts too much for ratios of separate medians. For context the same pgbench
 also runs with `_bump` swapped for a variant that never notifies and one that
-notifies on every operation (0 watchers).
+notifies on every operation (0 watchers), and optionally (``--nice``) with
+the watcher process at a low CPU priority, which separates what the database
+pays for watchers from the CPU the Python consumers need on a 2-core host.
 
-Latency: a writer process does claim + release cycles (about 300 events/s)
-while 1 or 100 watchers in another process receive them; latency is the
-watcher's receive time minus the time just before the writer sent the
-statement (CLOCK_MONOTONIC is system-wide, so the two processes agree), so it
-includes the writer's own round trip and commit.
+Latency: a writer process does claim + release cycles (a few hundred events/s)
+while 1 or 100 watchers in another process receive them. "p50/p99" is the
+watcher's receive time minus the moment the writer's call returned (the
+commit was acknowledged); "from send" counts from just before the writer sent
+the statement, so it also includes the writer's own round trip and commit.
+CLOCK_MONOTONIC is system-wide, so the two processes' clocks agree.
 
 Run ``python bench/watch_bench.py`` (a throwaway embedded server) or
 ``--dsn ...``; ``--help`` for options.
@@ -257,54 +262,70 @@ def throughput(
     dsn: str, schema: str, args: argparse.Namespace, script: str
 ) -> list[dict[str, Any]]:
     variants = bump_variants(dsn, schema)
-    # (bump variant, watchers, nice of the watcher process)
-    configs: list[tuple[str, int, int]] = [("coalesced", n, 0) for n in args.watchers]
+    # (bump variant, watchers, nice of the watcher process, sync or async watchers)
+    Config = tuple[str, int, int, str]
+    configs: list[Config] = [("coalesced", n, 0, "sync") for n in args.watchers]
+    configs += [("coalesced", n, 0, "async") for n in args.async_watchers]
     if args.nice:
-        configs += [("coalesced", n, args.nice) for n in args.watchers if n]
+        configs += [("coalesced", n, args.nice, "sync") for n in args.watchers if n]
     if not args.skip_variants:
-        configs += [("no_notify", 0, 0), ("notify_every_op", 0, 0)]
-    tps: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
-    delivered: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
-    cpu: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
+        configs += [("no_notify", 0, 0, "sync"), ("notify_every_op", 0, 0, "sync")]
+    tps: dict[Config, list[float]] = {c: [] for c in configs}
+    ratios: dict[Config, list[float]] = {c: [] for c in configs}
+    delivered: dict[Config, list[float]] = {c: [] for c in configs}
+    cpu: dict[Config, list[float]] = {c: [] for c in configs}
+    baseline: Config = ("coalesced", 0, 0, "sync")
+
+    def measure(config: Config) -> float:
+        variant, n, nice, flavour = config
+        set_bump(dsn, variants[variant])
+        proc = None
+        out = tempfile.mktemp(suffix=".json")
+        if n:
+            proc = spawn_watchers(dsn, schema, n, out, args.mode, nice, flavour)
+        before = event_count(dsn, schema)
+        value = run_pgbench(dsn, script, args.clients, args.seconds)
+        after = event_count(dsn, schema)
+        if proc is not None:
+            got = stop_watchers(proc, out)
+            cpu[config].append(got["cpu"])
+            # Delivered by the time pgbench ended (a lagging consumer shows < 1).
+            delivered[config].append(min(len(g) for g in got["received"]) / max(1, after - before))
+        tps[config].append(value)
+        return value
+
+    # The host is shared and its speed drifts by 2x within minutes, so every
+    # configuration is measured right next to a fresh 0-watcher baseline (order
+    # alternating) and compared with it: the ratio is the median of those pairs.
     for rnd in range(args.rounds):
-        order = configs[:] if rnd % 2 == 0 else configs[::-1]
+        order = [c for c in configs if c != baseline]
+        if rnd % 2:
+            order.reverse()
         for config in order:
-            variant, n, nice = config
-            set_bump(dsn, variants[variant])
-            proc = None
-            out = tempfile.mktemp(suffix=".json")
-            if n:
-                proc = spawn_watchers(dsn, schema, n, out, args.mode, nice)
-            before = event_count(dsn, schema)
-            value = run_pgbench(dsn, script, args.clients, args.seconds)
-            after = event_count(dsn, schema)
-            if proc is not None:
-                got = stop_watchers(proc, out)
-                cpu[config].append(got["cpu"])
-                # Delivered by the time pgbench ended (a lagging consumer shows < 1).
-                delivered[config].append(
-                    min(len(g) for g in got["received"]) / max(1, after - before)
-                )
-            tps[config].append(value)
+            first, second = (baseline, config) if rnd % 2 == 0 else (config, baseline)
+            a, b = measure(first), measure(second)
+            base_tps, value = (a, b) if first == baseline else (b, a)
+            ratios[config].append(value / base_tps)
+            variant, n, nice, flavour = config
             print(
-                f"  round {rnd + 1}: {variant:16s} watchers={n:3d} nice={nice:2d}"
-                f"  {value:8.0f} tps",
+                f"  round {rnd + 1}: {variant:16s} watchers={n:3d} {flavour:5s} nice={nice:2d}"
+                f"  {value:8.0f} tps  baseline {base_tps:8.0f}  ratio {value / base_tps:.2f}",
                 flush=True,
             )
     set_bump(dsn, variants["coalesced"])
-    base = statistics.median(tps[("coalesced", 0, 0)])
     rows = []
     for config in configs:
-        variant, n, nice = config
-        med = statistics.median(tps[config])
+        variant, n, nice, flavour = config
         rows.append(
             {
                 "bump": variant,
                 "watchers": n,
+                "flavour": flavour if n else "-",
                 "nice": nice,
-                "tps_median": med,
+                "tps_median": statistics.median(tps[config]),
                 "tps_all": tps[config],
-                "ratio": med / base,
+                "ratio": statistics.median(ratios[config]) if ratios[config] else 1.0,
+                "ratios": ratios[config],
                 "delivered": min(delivered[config]) if delivered[config] else None,
                 "watcher_cpu": statistics.median(cpu[config]) if cpu[config] else None,
             }
@@ -369,6 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         "--watchers", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 10, 100]
     )
     p.add_argument(
+        "--async-watchers",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[10, 100],
+        help="watcher counts also run as AsyncWatchers on one event loop",
+    )
+    p.add_argument(
         "--nice",
         type=int,
         default=0,
@@ -407,15 +434,16 @@ def main(argv: list[str] | None = None) -> int:
     print()
     if "throughput" in result:
         print(
-            "| _bump | watchers | watcher nice | tps (median) | vs 0 watchers"
+            "| _bump | watchers | kind | watcher nice | tps (median) | vs adjacent 0-watcher run"
             " | delivered by end | watcher CPU |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---|---:|---:|---:|---:|---:|")
         for r in result["throughput"]:
             d = "-" if r["delivered"] is None else f"{r['delivered']:.3f}"
             c = "-" if r["watcher_cpu"] is None else f"{r['watcher_cpu']:.2f} cores"
             print(
-                f"| {r['bump']} | {r['watchers']} | {r['nice']} | {r['tps_median']:.0f}"
+                f"| {r['bump']} | {r['watchers']} | {r['flavour']} | {r['nice']}"
+                f" | {r['tps_median']:.0f}"
                 f" | {r['ratio']:.2f}x | {d} | {c} |"
             )
     print()

@@ -221,9 +221,12 @@ def test_prune_and_cursor_expiry(pg_store: PostgresStore) -> None:
     assert prune(pg_store, 0) == 2
     assert pg_store.events(rid) == []
     cycle(pg_store, rid)
-    # Resuming below the horizon must fail loudly, never skip silently.
-    with Watcher(pg_store, after=old[0].cursor) as stale, pytest.raises(CursorExpiredError):
-        stale.get(5)
+    # Resuming below the horizon must fail loudly, never skip silently, and
+    # keep failing if the caller tries again.
+    with Watcher(pg_store, after=old[0].cursor) as stale:
+        for _ in range(2):
+            with pytest.raises(CursorExpiredError):
+                stale.get(5)
     # The last deleted event's cursor is exactly the horizon: nothing was lost.
     with Watcher(pg_store, after=old[1].cursor) as fine:
         assert [e.revision for e in drain(fine, 2)] == [3, 4]
@@ -432,3 +435,14 @@ async def test_async_watchers_of_a_loop_share_one_subscription(
     await c.aclose()
     hub.join(2)
     assert not hub._subscribers
+
+
+def test_store_closed_while_catching_up(pg_dsn: str, schema: str) -> None:
+    store = PostgresStore(pg_dsn, schema=schema, max_size=2)
+    rid = store.ensure_resource("run", "closed")
+    cycle(store, rid)
+    w = Watcher(store, after="start")
+    store.close()
+    with pytest.raises(PgleaseError, match="store was closed"):
+        w.get(5)
+    w.close()

@@ -237,7 +237,9 @@ class WatchState:
         #: The last event handed out (None: nothing yet, `_start` applies).
         self._last: Event | None = None
         self._start = position
-        self.closed = False
+        #: A watcher that failed (cursor expired) keeps failing: continuing
+        #: would skip the deleted events silently.
+        self.failed: BaseException | None = None
 
     @property
     def cursor(self) -> str:
@@ -248,6 +250,7 @@ class WatchState:
 
     def on_message(self, message: Message) -> None:
         if isinstance(message, Failure):
+            self.failed = message.error
             raise message.error
         if isinstance(message, Start):
             self.join = message.tip
@@ -278,11 +281,12 @@ class WatchState:
             # "start" means the oldest retained event, not event zero.
             self.position = self._start = horizon
             return
-        raise CursorExpiredError(
+        self.failed = CursorExpiredError(
             f"cursor {encode_cursor(self.position)} is older than the pruned horizon"
             f" {encode_cursor(horizon)}: events after it were deleted; resume from 'now'"
             " or 'start' and resync"
         )
+        raise self.failed
 
     def _take(self, events: list[Event], positions: list[Position]) -> None:
         if not events:

@@ -9,6 +9,7 @@ subscriber. See the package docstring for why no event can be stranded.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -117,6 +118,7 @@ class Hub:
                 attempt += 1
                 self._stop.wait(delay)
             except BaseException as exc:  # pragma: no cover - a bug; tell the watchers
+                self._stop.set()  # so that no new watcher joins a dead hub
                 self._broadcast(Failure(exc))
                 return
             finally:
@@ -227,7 +229,8 @@ def acquire(
     dsn: str, schema: str, mode: Mode, interval: float, deliver: Deliver
 ) -> tuple[Hub, int]:
     """Subscribe to this process's hub for (dsn, schema, mode, interval), starting it if needed."""
-    key = (dsn, schema, mode, interval)
+    # The pid: a forked child must not join its parent's hub (no thread there).
+    key = (os.getpid(), dsn, schema, mode, interval)
     with _hubs_lock:
         hub = _hubs.get(key)
         if hub is None or hub._stop.is_set():

@@ -12,6 +12,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
 import psycopg
+from psycopg_pool import PoolClosed
 
 from ..cursors import START, Position, decode_cursor
 from ..errors import ValidationError, WatchClosedError
@@ -187,6 +188,8 @@ class Watcher(_Base):
             event = state.next_event()
             if event is not None:
                 return event
+            if state.failed is not None:
+                raise state.failed
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
@@ -194,6 +197,8 @@ class Watcher(_Base):
                 try:
                     with self._store.connection() as conn:
                         rows = conn.execute(self._queries.read, self._page_args(state)).fetchall()
+                except PoolClosed:
+                    raise WatchClosedError("the store was closed") from None
                 except psycopg.OperationalError:
                     # The server is away (restart): retry; the position is unchanged.
                     time.sleep(_RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)])
@@ -299,6 +304,8 @@ class AsyncWatcher(_Base):
             event = state.next_event()
             if event is not None:
                 return event
+            if state.failed is not None:
+                raise state.failed
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
                 return None
@@ -307,6 +314,8 @@ class AsyncWatcher(_Base):
                     async with self._store.connection() as conn:
                         cur = await conn.execute(self._queries.read, self._page_args(state))
                         rows = await cur.fetchall()
+                except PoolClosed:
+                    raise WatchClosedError("the store was closed") from None
                 except psycopg.OperationalError:
                     await asyncio.sleep(_RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)])
                     attempt += 1
