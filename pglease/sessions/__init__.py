@@ -49,6 +49,7 @@ from .model import (
     sum_usage,
 )
 from .postgres import PgBranchIndex, PostgresSession, PostgresSessionRepository
+from .postgres_async import AsyncPostgresSession, AsyncPostgresSessionRepository
 from .protocol import SessionBackend, SessionHandle
 from .repository import (
     SessionListing,
@@ -65,6 +66,8 @@ __all__ = [
     "STORAGE_VERSION",
     "AddUsage",
     "AppendEntry",
+    "AsyncPostgresSession",
+    "AsyncPostgresSessionRepository",
     "BranchIndexStore",
     "BranchQuery",
     "BranchRow",

@@ -1,0 +1,816 @@
+"""Asyncio twin of `pglease.sessions.postgres`, on `AsyncPostgresStore`.
+
+Same tables, same SQL, same lease and commit semantics (see that module); the
+blocking calls become coroutines and the heartbeat is an asyncio task. The
+branch-index algorithm is shared too: it runs against a `ReplayIndex` and this
+module fetches whatever a step asks for, then runs the step again.
+
+Session files are local SQLite: `fork_to_file`, `export_to_file` and the file
+side of `import_file` run in a worker thread (`asyncio.to_thread`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from ..errors import (
+    DatabaseUnavailableError,
+    LeaseLostError,
+    ResourceLeasedError,
+    StaleResourceError,
+)
+from ..ids import resource_id
+from ..postgres import AsyncPostgresStore
+from ..types import Claim, Owner, Permit
+from .branch_index import BranchQuery
+from .branch_index import scan_branch as _scan_branch
+from .errors import (
+    InvalidSessionWriteError,
+    SessionAlreadyClaimedError,
+    SessionBusyError,
+    SessionClosedError,
+    SessionCorruptError,
+    SessionError,
+    SessionExistsError,
+    SessionNotFoundError,
+    UnknownEntryError,
+    WriterLeaseLostError,
+)
+from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork
+from .ids import uuid7
+from .model import (
+    AddUsage,
+    AppendEntry,
+    CommitResult,
+    DeleteRegister,
+    Entry,
+    LeaseInfo,
+    Register,
+    SessionInfo,
+    SessionSnapshot,
+    SessionStats,
+    SetRegister,
+    UsageRow,
+    Write,
+    load_json,
+)
+from .pg_core import (
+    OWNER_TYPE,
+    RESOURCE_TYPE,
+    SCAN_PAGE,
+    Batch,
+    CommitBuilder,
+    Miss,
+    PlanBuilder,
+    ReplayIndex,
+    SeqMoved,
+    Sql,
+    check_version,
+    entry_from_row,
+    new_session_plan,
+    register_from_row,
+    usage_from_row,
+)
+from .postgres import _owner_id, _translate_unique
+from .repository import SessionListing, SessionProblem, SessionRepository, check_session_id
+from .repository import read_session_file as _read_session_file
+from .writes import prepare_writes
+
+log = logging.getLogger("pglease.sessions")
+
+AConn = psycopg.AsyncConnection[Any]
+T = TypeVar("T")
+NowMs = Callable[[], int]
+
+
+async def _replay(conn: AConn, index: ReplayIndex, step: Callable[[], T]) -> T:
+    """Run a synchronous step of the branch-index algorithm, fetching what it misses."""
+    while True:
+        try:
+            return step()
+        except Miss as miss:
+            await _send(conn, index.pending())  # the read must see every buffered write
+            cur = await conn.execute(miss.query, miss.params)
+            index.supply(miss, await cur.fetchall())
+
+
+async def _send(conn: AConn, batches: Sequence[Batch]) -> None:
+    if batches:
+        async with conn.cursor() as cur:
+            for query, rows in batches:
+                await cur.executemany(query, rows)
+
+
+async def _write_commit(
+    conn: AConn,
+    q: Sql,
+    session_id: str,
+    prepared: Sequence[Any],
+    expected_seq: int,
+    fixed_now: int | None,
+) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
+    index = ReplayIndex(q, session_id)
+    build = CommitBuilder(q, session_id, prepared, expected_seq, fixed_now, index)
+    async with conn.pipeline():
+        cursors = {
+            name: await conn.execute(query, params)
+            for name, (query, params) in build.lookups().items()
+        }
+        results = {name: await cur.fetchall() for name, cur in cursors.items()}
+    build.start(results)
+    for i in range(len(prepared)):
+        await _replay(conn, index, functools.partial(build.step, i))
+    async with conn.pipeline():
+        await _send(conn, build.batches())
+    return build.result()
+
+
+async def write_plan_rows_async(
+    conn: AConn, q: Sql, session_id: str, plan: ForkPlan, created_at: int | None
+) -> None:
+    """Asyncio twin of `postgres.write_plan_rows`."""
+    index = ReplayIndex(q, session_id)
+    build = PlanBuilder(q, session_id, plan, created_at, index)
+    query, params = build.session_insert()
+    cur = await conn.execute(query, params)
+    if cur.rowcount != 1:
+        raise SessionExistsError(f"session {session_id} already exists")
+    for i in range(len(build.entries)):
+        await _replay(conn, index, functools.partial(build.step, i))
+    async with conn.pipeline():
+        await _send(conn, build.batches())
+
+
+@asynccontextmanager
+async def _read_transaction(store: AsyncPostgresStore, q: Sql) -> AsyncIterator[AConn]:
+    async with store.connection() as conn, conn.transaction():
+        await conn.execute(q.read_only)
+        yield conn
+
+
+async def _read_snapshot(conn: AConn, q: Sql, session_id: str) -> SessionSnapshot:
+    row = await (await conn.execute(q.session_row, (session_id,))).fetchone()
+    if row is None:
+        raise SessionNotFoundError(f"session {session_id} does not exist")
+    check_version(session_id, int(row[2]))
+    entries = await (await conn.execute(q.all_entries, (session_id,))).fetchall()
+    registers = await (await conn.execute(q.all_registers, (session_id,))).fetchall()
+    return SessionSnapshot(
+        tuple(entry_from_row(r) for r in entries),
+        tuple(register_from_row(r) for r in registers),
+        row[1],
+    )
+
+
+async def _renew_loop(ref: weakref.ref[AsyncPostgresSession], interval: float) -> None:
+    """The heartbeat task; holds the handle weakly, like the threaded one."""
+    last = time.monotonic()
+    while True:
+        await asyncio.sleep(interval)
+        handle = ref()
+        if handle is None:
+            return
+        try:
+            await handle.renew()
+            now = time.monotonic()
+            if now - last > interval * 1.5:
+                log.warning(
+                    "session %s: lease renewal came %.3f s late", handle.id, now - last - interval
+                )
+            last = now
+        except (WriterLeaseLostError, SessionClosedError):
+            return
+        except (DatabaseUnavailableError, psycopg.Error) as exc:
+            log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
+            if handle.trust_expired():
+                handle.give_up("its lease could not be renewed before it ran out")
+                return
+        finally:
+            del handle
+
+
+class AsyncPostgresSession:
+    """Asyncio twin of `PostgresSession` (same methods, as coroutines)."""
+
+    def __init__(
+        self,
+        *,
+        repository: AsyncPostgresSessionRepository,
+        session_id: str,
+        claim: Claim,
+        claimed_at: float,
+        revision: int,
+        next_seq: int,
+    ) -> None:
+        self._repo = repository
+        self._store = repository.store
+        self._q = repository._q
+        self._id = session_id
+        self._rid = claim.resource_id
+        self._claim = claim
+        self._revision = revision
+        self._next_seq = next_seq
+        self._lease_seconds = repository.lease_seconds
+        self._trusted_until = claimed_at + repository.lease_seconds
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self.lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        if repository.renew_interval is not None:
+            self._task = asyncio.get_running_loop().create_task(
+                _renew_loop(weakref.ref(self), repository.renew_interval),
+                name=f"pglease-session-renew-{session_id}",
+            )
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def resource_id(self) -> str:
+        return self._rid
+
+    @property
+    def owner_id(self) -> str:
+        return self._claim.owner.id
+
+    @property
+    def owner(self) -> Owner:
+        return self._claim.owner
+
+    @property
+    def fence(self) -> int:
+        return self._claim.generation
+
+    @property
+    def revision(self) -> int:
+        return self._revision
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"<AsyncPostgresSession {self._id} fence={self.fence} owner={self.owner_id}>"
+
+    async def __aenter__(self) -> AsyncPostgresSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- lease --
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise SessionClosedError(f"session {self._id} handle is closed")
+        if self.lost.is_set():
+            raise WriterLeaseLostError(
+                f"session {self._id}: writer lease was lost (fence {self.fence}); "
+                "this handle refuses further work"
+            )
+
+    def _mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
+        first = not self.lost.is_set()
+        self.lost.set()
+        if first and self._repo.on_lost is not None:
+            try:
+                self._repo.on_lost(self)
+            except Exception:
+                log.exception("on_lost callback of session %s failed", self._id)
+        return WriterLeaseLostError(
+            f"session {self._id}: writer lease was lost (owner {self.owner}, "
+            f"fence {self.fence} {why})"
+        )
+
+    def trust_expired(self) -> bool:
+        return time.monotonic() >= self._trusted_until
+
+    def give_up(self, why: str) -> None:
+        self._mark_lost(why)
+
+    async def renew(self) -> None:
+        """Extend the lease by `lease_seconds`; a lost lease -> `WriterLeaseLostError`."""
+        async with self._lock:
+            self._usable()
+            started = time.monotonic()
+            try:
+                claim = await self._store.renew(self._claim, self._lease_seconds)
+            except LeaseLostError as exc:
+                raise self._mark_lost(f"no longer current: {exc}") from None
+            self._claim = claim
+            self._revision = claim.revision
+            self._trusted_until = started + self._lease_seconds
+
+    async def close(self) -> None:
+        """Stop the heartbeat, release the lease (if still ours)."""
+        if self._closed:
+            return
+        task, self._task = self._task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        async with self._lock:
+            if self._closed:
+                return
+            try:
+                if not self.lost.is_set():
+                    await self._store.release(self._claim)
+            except (LeaseLostError, DatabaseUnavailableError, psycopg.Error) as exc:
+                log.warning("session %s: releasing the lease failed: %s", self._id, exc)
+            finally:
+                self._closed = True
+                self._repo._forget(self)
+
+    # -- writes --
+
+    async def _commit(
+        self, writes: Sequence[Write]
+    ) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
+        prepared = prepare_writes(writes)
+        counts = {"entries": 0, "usage": 0, "registers": 0}
+        for item in prepared:
+            if isinstance(item.write, AppendEntry):
+                counts["entries"] += 1
+            elif isinstance(item.write, AddUsage):
+                counts["usage"] += 1
+            else:
+                counts["registers"] += 1
+        fixed_now = None if self._repo.now_ms is None else self._repo.now_ms()
+        async with self._lock:
+            self._usable()
+            resynced_revision = resynced_seq = False
+            while True:
+                first = self._next_seq
+                payload = {
+                    "session": self._id,
+                    "first_seq": first,
+                    "next_seq": first + len(prepared),
+                    **counts,
+                }
+
+                async def apply(conn: AConn, first: int = first) -> Any:
+                    return await _write_commit(conn, self._q, self._id, prepared, first, fixed_now)
+
+                try:
+                    result = await self._store.mutate(
+                        Permit(self._rid, self._revision, self._claim),
+                        "session.commit",
+                        apply,
+                        payload,
+                    )
+                except LeaseLostError as exc:
+                    raise self._mark_lost(f"no longer current: {exc}") from None
+                except StaleResourceError as exc:
+                    if resynced_revision or exc.actual is None:
+                        raise
+                    resynced_revision = True
+                    self._revision = exc.actual
+                    continue
+                except SeqMoved as exc:
+                    if resynced_seq:
+                        raise SessionCorruptError(
+                            f"session {self._id}: next_seq moved under the writer lease"
+                        ) from None
+                    resynced_seq = True
+                    self._next_seq = exc.next_seq
+                    continue
+                except psycopg.errors.UniqueViolation as exc:
+                    raise _translate_unique(exc) from None
+                self._revision = result.revision
+                value: tuple[CommitResult, list[Entry], list[UsageRow]] = result.value
+                self._next_seq = value[0].next_seq
+                return value
+
+    async def commit(self, writes: Sequence[Write]) -> CommitResult:
+        """Apply `writes` atomically, fenced by the writer lease."""
+        return (await self._commit(writes))[0]
+
+    async def append_entry(
+        self,
+        type: str,
+        parent_id: str | None,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        custom_type: str | None = None,
+        id: str | None = None,
+    ) -> Entry:
+        _, entries, _ = await self._commit(
+            [AppendEntry(type, parent_id, payload or {}, custom_type, id)]
+        )
+        return entries[0]
+
+    async def append_message(
+        self,
+        parent_id: str | None,
+        message: Any,
+        *,
+        terminate: bool | None = None,
+        id: str | None = None,
+    ) -> Entry:
+        payload: dict[str, Any] = {"message": message}
+        if terminate is not None:
+            payload["terminate"] = terminate
+        return await self.append_entry("message", parent_id, payload, id=id)
+
+    async def set_register(self, namespace: str, key: str, value: Any) -> int:
+        return (await self.commit([SetRegister(namespace, key, value)])).first_seq
+
+    async def delete_register(self, namespace: str, key: str) -> int:
+        return (await self.commit([DeleteRegister(namespace, key)])).first_seq
+
+    async def add_usage(
+        self,
+        usage: dict[str, Any],
+        *,
+        entry_id: str | None = None,
+        adjustment: bool = False,
+        details: Any = None,
+        id: str | None = None,
+    ) -> UsageRow:
+        _, _, rows = await self._commit([AddUsage(usage, entry_id, adjustment, details, id)])
+        return rows[0]
+
+    # -- reads --
+
+    async def _rows(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        self._usable()
+        async with self._store.connection() as conn:
+            return await (await conn.execute(query, params)).fetchall()
+
+    async def get_entry(self, entry_id: str) -> Entry | None:
+        rows = await self._rows(self._q.get_entry, (self._id, entry_id))
+        return entry_from_row(rows[0]) if rows else None
+
+    async def scan_entries(
+        self,
+        *,
+        after_seq: int = 0,
+        limit: int | None = None,
+        types: Iterable[str] | None = None,
+    ) -> list[Entry]:
+        if limit is not None and limit < 0:
+            raise InvalidSessionWriteError(f"limit must be >= 0, got {limit}")
+        wanted = None if types is None else list(types)
+        rows = await self._rows(self._q.scan_entries, (self._id, after_seq, wanted, wanted, limit))
+        return [entry_from_row(r) for r in rows]
+
+    async def scan_branch(
+        self,
+        leaf_id: str,
+        *,
+        newest_first: bool = True,
+        stop_type: str | None = None,
+        stop_id: str | None = None,
+        types: Iterable[str] | None = None,
+        custom_type: str | None = None,
+        cursor: int | None = None,
+        limit: int | None = None,
+    ) -> list[Entry]:
+        """The path from `leaf_id` to the root, in one consistent read."""
+        query = BranchQuery(
+            newest_first=newest_first,
+            stop_type=stop_type,
+            stop_id=stop_id,
+            types=None if types is None else frozenset(types),
+            custom_type=custom_type,
+            cursor=cursor,
+            limit=limit,
+        )
+        self._usable()
+        async with _read_transaction(self._store, self._q) as conn:
+            row = await (await conn.execute(self._q.get_entry, (self._id, leaf_id))).fetchone()
+            if row is None:
+                raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
+            leaf = entry_from_row(row)
+            bounded = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0
+            unfiltered = types is None and custom_type is None
+            first_page = limit + 1 if bounded and unfiltered and limit is not None else SCAN_PAGE
+            index = ReplayIndex(
+                self._q,
+                self._id,
+                load_entries=True,
+                first_page=min(first_page, SCAN_PAGE),
+            )
+            # A read-only replay: each run reuses every page fetched before.
+            return await _replay(conn, index, lambda: _scan_branch(index, leaf, query, index.load))
+
+    async def get_register(self, namespace: str, key: str) -> Register | None:
+        rows = await self._rows(self._q.get_register, (self._id, namespace, key))
+        return register_from_row(rows[0]) if rows else None
+
+    async def list_registers(self, namespace: str, prefix: str = "") -> list[Register]:
+        rows = await self._rows(self._q.list_registers, (self._id, namespace, prefix, prefix))
+        return [register_from_row(r) for r in rows]
+
+    async def usage_rows(self) -> list[UsageRow]:
+        return [usage_from_row(r) for r in await self._rows(self._q.usage_rows, (self._id,))]
+
+    async def stats(self) -> SessionStats:
+        self._usable()
+        async with _read_transaction(self._store, self._q) as conn:
+            row = await (await conn.execute(self._q.session_row, (self._id,))).fetchone()
+            if row is None:
+                raise SessionNotFoundError(f"session {self._id} does not exist")
+            count = await (await conn.execute(self._q.entry_count, (self._id,))).fetchone()
+        assert count is not None
+        return SessionStats(
+            created_at=int(row[0]),
+            parent_session_id=row[1],
+            message_count=int(row[3]),
+            usage=load_json(row[4]),
+            next_seq=int(row[5]),
+            entry_count=int(count[0]),
+        )
+
+    async def snapshot(self) -> SessionSnapshot:
+        self._usable()
+        return await self._repo.snapshot(self._id)
+
+
+class AsyncPostgresSessionRepository:
+    """Asyncio twin of `PostgresSessionRepository` on an open `AsyncPostgresStore`."""
+
+    def __init__(
+        self,
+        store: AsyncPostgresStore,
+        *,
+        lease_seconds: float = 30.0,
+        renew_interval: float | None = 15.0,
+        now_ms: NowMs | None = None,
+        on_lost: Callable[[AsyncPostgresSession], None] | None = None,
+    ) -> None:
+        if not lease_seconds > 0:
+            raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
+        if renew_interval is not None and not 0 < renew_interval < lease_seconds:
+            raise InvalidSessionWriteError(
+                f"renew_interval must be between 0 and lease_seconds, got {renew_interval!r}"
+            )
+        self.store = store
+        self.lease_seconds = lease_seconds
+        self.renew_interval = renew_interval
+        self.now_ms = now_ms
+        self.on_lost = on_lost
+        self._q = Sql(store.schema)
+        self._open: weakref.WeakSet[AsyncPostgresSession] = weakref.WeakSet()
+
+    async def __aenter__(self) -> AsyncPostgresSessionRepository:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every handle this repository opened (the store stays open)."""
+        for handle in list(self._open):
+            await handle.close()
+
+    def _forget(self, handle: AsyncPostgresSession) -> None:
+        self._open.discard(handle)
+
+    async def _fetch(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        async with self.store.connection() as conn:
+            return await (await conn.execute(query, params)).fetchall()
+
+    async def exists(self, session_id: str) -> bool:
+        check_session_id(session_id)
+        return bool(await self._fetch(self._q.session_exists, (session_id,)))
+
+    async def _held_error(self, session_id: str, rid: str) -> SessionAlreadyClaimedError:
+        lease = (await self.store.get(rid)).lease
+        holder = lease.owner.id if lease.owner else "(released meanwhile)"
+        until = lease.expires_at.isoformat() if lease.expires_at else "-"
+        return SessionAlreadyClaimedError(
+            f"session {session_id} is already claimed by writer {holder}: the lease is "
+            f"already held by {lease.owner} (generation {lease.generation}) until {until}"
+        )
+
+    async def _claim(self, session_id: str, rid: str, wait: float | None) -> tuple[Claim, float]:
+        owner = Owner(OWNER_TYPE, _owner_id())
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            started = time.monotonic()
+            claim = await self.store.claim(rid, owner, self.lease_seconds)
+            if claim is not None:
+                return claim, started
+            if deadline is None or started >= deadline:
+                raise await self._held_error(session_id, rid)
+            await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+
+    def _handle(
+        self, session_id: str, claim: Claim, started: float, revision: int, next_seq: int
+    ) -> AsyncPostgresSession:
+        handle = AsyncPostgresSession(
+            repository=self,
+            session_id=session_id,
+            claim=claim,
+            claimed_at=started,
+            revision=revision,
+            next_seq=next_seq,
+        )
+        self._open.add(handle)
+        return handle
+
+    async def _release_quietly(self, claim: Claim) -> None:
+        try:
+            await self.store.release(claim)
+        except (LeaseLostError, DatabaseUnavailableError, psycopg.Error) as exc:
+            log.warning("releasing %s failed: %s", claim.resource_id, exc)
+
+    async def open(self, session_id: str, *, wait: float | None = None) -> AsyncPostgresSession:
+        """Open an existing session and claim its writer lease (see the sync twin)."""
+        check_session_id(session_id)
+        rows = await self._fetch(self._q.session_exists, (session_id,))
+        if not rows:
+            raise SessionNotFoundError(f"session {session_id} does not exist")
+        check_version(session_id, int(rows[0][0]))
+        rid = resource_id(RESOURCE_TYPE, session_id)
+        claim, started = await self._claim(session_id, rid, wait)
+        try:
+            found = await self._fetch(self._q.session_row, (session_id,))
+            if not found:
+                raise SessionNotFoundError(f"session {session_id} was deleted")
+        except BaseException:
+            await self._release_quietly(claim)
+            raise
+        return self._handle(session_id, claim, started, claim.revision, int(found[0][5]))
+
+    async def _create_from_plan(
+        self, session_id: str, plan: ForkPlan, event: str
+    ) -> AsyncPostgresSession:
+        rid = await self.store.ensure_resource(RESOURCE_TYPE, session_id)
+        if await self.exists(session_id):
+            raise SessionExistsError(f"session {session_id} already exists")
+        claim, started = await self._claim(session_id, rid, None)
+        created_at = None if self.now_ms is None else self.now_ms()
+        payload = {
+            "session": session_id,
+            "parent_session_id": plan.parent_session_id,
+            "entries": len(plan.entries),
+            "next_seq": plan.next_seq,
+        }
+
+        async def apply(conn: AConn) -> None:
+            await write_plan_rows_async(conn, self._q, session_id, plan, created_at)
+
+        try:
+            result = await self.store.mutate(
+                Permit(rid, claim.revision, claim), event, apply, payload
+            )
+        except psycopg.errors.UniqueViolation as exc:
+            await self._release_quietly(claim)
+            raise _translate_unique(exc) from None
+        except BaseException:
+            await self._release_quietly(claim)
+            raise
+        return self._handle(session_id, claim, started, result.revision, plan.next_seq)
+
+    async def create(
+        self, id: str | None = None, parent_session_id: str | None = None
+    ) -> AsyncPostgresSession:
+        """Create a new empty session and claim its lease."""
+        session_id = check_session_id(id) if id is not None else uuid7()
+        if parent_session_id is not None and not isinstance(parent_session_id, str):
+            raise InvalidSessionWriteError("parent_session_id must be a string or None")
+        return await self._create_from_plan(
+            session_id, new_session_plan(parent_session_id), "session.created"
+        )
+
+    async def create_from_plan(self, plan: ForkPlan, id: str | None = None) -> AsyncPostgresSession:
+        session_id = check_session_id(id) if id is not None else uuid7()
+        return await self._create_from_plan(session_id, plan, "session.forked")
+
+    async def fork(
+        self,
+        source_id: str,
+        scope: ForkScope = "branch",
+        entry_id: str | None = None,
+        position: ForkPosition = "at",
+        id: str | None = None,
+    ) -> AsyncPostgresSession:
+        source_id = check_session_id(source_id)
+        new_id = check_session_id(id) if id is not None else uuid7()
+        plan = plan_fork(await self.snapshot(source_id), source_id, scope, entry_id, position)
+        return await self.create_from_plan(plan, new_id)
+
+    async def fork_to_file(
+        self,
+        source_id: str,
+        directory: str | os.PathLike[str],
+        scope: ForkScope = "branch",
+        entry_id: str | None = None,
+        position: ForkPosition = "at",
+        id: str | None = None,
+    ) -> Path:
+        source_id = check_session_id(source_id)
+        new_id = check_session_id(id) if id is not None else uuid7()
+        files = SessionRepository(directory, renew_interval=None)
+        if files.exists(new_id):
+            raise SessionExistsError(f"session {new_id} already exists ({files.path_for(new_id)})")
+        plan = plan_fork(await self.snapshot(source_id), source_id, scope, entry_id, position)
+        return await asyncio.to_thread(files.write_plan, plan, new_id)
+
+    async def export_to_file(
+        self, source_id: str, directory: str | os.PathLike[str], id: str | None = None
+    ) -> Path:
+        return await self.fork_to_file(source_id, directory, "tree", id=id)
+
+    async def import_file(
+        self, path: str | os.PathLike[str], id: str | None = None
+    ) -> AsyncPostgresSession:
+        file_path = Path(path)
+        if file_path.suffix != ".sqlite":
+            raise InvalidSessionWriteError(f"{file_path} is not a .sqlite session file")
+        file_id = check_session_id(file_path.name[: -len(".sqlite")])
+        snapshot = await asyncio.to_thread(_read_session_file, file_path)
+        return await self.create_from_plan(plan_fork(snapshot, file_id, "tree"), id)
+
+    async def snapshot(self, session_id: str) -> SessionSnapshot:
+        check_session_id(session_id)
+        async with _read_transaction(self.store, self._q) as conn:
+            return await _read_snapshot(conn, self._q, session_id)
+
+    async def _infos(self, session_id: str | None) -> SessionListing:
+        rows = await self._fetch(self._q.list_sessions, (session_id, session_id))
+        listing = SessionListing()
+        for r in rows:
+            sid = r[0]
+            location = f"{self.store.schema}.sessions/{sid}"
+            try:
+                check_version(sid, int(r[3]))
+                usage = json.loads(r[5])
+            except (SessionError, ValueError) as exc:
+                error = (
+                    exc
+                    if isinstance(exc, SessionError)
+                    else SessionCorruptError(f"session {sid} has invalid usage_payload")
+                )
+                listing.problems.append(SessionProblem(sid, location, error))
+                continue
+            lease = None if r[7] is None else LeaseInfo(r[7], int(r[8]), int(r[9]))
+            listing.sessions.append(
+                SessionInfo(
+                    id=sid,
+                    path=location,
+                    created_at=int(r[1]),
+                    parent_session_id=r[2],
+                    storage_version=int(r[3]),
+                    message_count=int(r[4]),
+                    usage=usage,
+                    next_seq=int(r[6]),
+                    lease=lease,
+                )
+            )
+        listing.sessions.sort(key=lambda s: (-s.created_at, s.id))
+        return listing
+
+    async def list(self) -> SessionListing:
+        return await self._infos(None)
+
+    async def info(self, session_id: str) -> SessionInfo:
+        check_session_id(session_id)
+        listing = await self._infos(session_id)
+        if listing.problems:
+            raise listing.problems[0].error
+        if not listing.sessions:
+            raise SessionNotFoundError(f"session {session_id} does not exist")
+        return listing.sessions[0]
+
+    async def delete(self, session_id: str) -> None:
+        """Delete a session; refused while a writer lease is live."""
+        if not await self.exists(session_id):
+            raise SessionNotFoundError(f"session {session_id} does not exist")
+        rid = resource_id(RESOURCE_TYPE, session_id)
+
+        async def apply(conn: AConn) -> None:
+            await conn.execute(self._q.delete_session, (session_id,))
+
+        for attempt in (1, 2, 3):
+            revision = (await self.store.get(rid)).revision
+            try:
+                await self.store.mutate(
+                    Permit(rid, revision), "session.deleted", apply, {"session": session_id}
+                )
+                return
+            except ResourceLeasedError as exc:
+                raise SessionBusyError(f"session {session_id} is leased: {exc}") from None
+            except StaleResourceError:
+                if attempt == 3:
+                    raise
+
+
+__all__ = ["AsyncPostgresSession", "AsyncPostgresSessionRepository", "write_plan_rows_async"]
