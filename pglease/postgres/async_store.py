@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -21,6 +21,9 @@ from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import check_resource_id, check_resource_type, check_schema_name
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
+
+if TYPE_CHECKING:
+    from ..fleet import AsyncElection, AsyncHeldLease, Leader
 
 T = TypeVar("T")
 AsyncApply = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
@@ -212,3 +215,39 @@ class AsyncPostgresStore:
         async with self.pool.connection() as conn:
             rows = await (await conn.execute(self._q.events_after, args)).fetchall()
         return [_core.parse_event(r) for r in rows]
+
+    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+
+    def hold(
+        self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
+    ) -> AbstractAsyncContextManager[AsyncHeldLease]:
+        """``async with store.hold(...) as lease:`` see `pglease.fleet.hold_async`."""
+        from ..fleet import hold_async
+
+        return hold_async(self, resource_type, key, owner, ttl, **options)
+
+    async def acquire(
+        self,
+        resource_type: str,
+        key: str,
+        owner: Owner,
+        ttl: float,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Claim:
+        """Wait for the lease and claim it; see `pglease.fleet.acquire_async`."""
+        from ..fleet import acquire_async
+
+        return await acquire_async(self, resource_type, key, owner, ttl, timeout, **options)
+
+    async def elect(self, name: str, candidate: Owner, **options: Any) -> AsyncElection:
+        """Campaign for leadership of `name`; see `pglease.fleet.elect_async`."""
+        from ..fleet import elect_async
+
+        return await elect_async(self, name, candidate, **options)
+
+    async def leader(self, name: str) -> Leader | None:
+        """The current leader of election `name` and its generation, if any."""
+        from ..fleet import leader_async
+
+        return await leader_async(self, name)

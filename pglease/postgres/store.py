@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -22,6 +22,9 @@ from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, from_micros
 from ._reuse import ConnectionStack
+
+if TYPE_CHECKING:
+    from ..fleet import Election, HeldLease, Leader
 
 T = TypeVar("T")
 Apply = Callable[[psycopg.Connection[Any]], T]
@@ -220,3 +223,39 @@ class PostgresStore:
         with self._conns.borrow() as conn:
             rows = conn.execute(self._q.events_after, args).fetchall()
         return [_core.parse_event(r) for r in rows]
+
+    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+
+    def hold(
+        self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
+    ) -> AbstractContextManager[HeldLease]:
+        """``with store.hold(type, key, owner, ttl) as lease:`` see `pglease.fleet.hold`."""
+        from ..fleet import hold
+
+        return hold(self, resource_type, key, owner, ttl, **options)
+
+    def acquire(
+        self,
+        resource_type: str,
+        key: str,
+        owner: Owner,
+        ttl: float,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Claim:
+        """Wait for the lease and claim it; see `pglease.fleet.acquire`."""
+        from ..fleet import acquire
+
+        return acquire(self, resource_type, key, owner, ttl, timeout, **options)
+
+    def elect(self, name: str, candidate: Owner, **options: Any) -> Election:
+        """Campaign for leadership of `name`; see `pglease.fleet.elect`."""
+        from ..fleet import elect
+
+        return elect(self, name, candidate, **options)
+
+    def leader(self, name: str) -> Leader | None:
+        """The current leader of election `name` and its generation, if any."""
+        from ..fleet import leader
+
+        return leader(self, name)
