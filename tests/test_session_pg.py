@@ -597,3 +597,26 @@ def test_repository_argument_checks(pg_store: PostgresStore, tmp_path: Path) -> 
         repo.open("a b")
     with pytest.raises(InvalidSessionWriteError):
         repo.create("ok", parent_session_id=5)  # type: ignore[arg-type]
+
+
+def test_unreachable_database_closes_the_trust_window(
+    pg_dsn: str, schema: str, pg_store: PostgresStore
+) -> None:
+    """Renewals that keep failing (here: the handle's pool is gone) are retried
+    only until the lease may have run out; then the handle gives up."""
+    lost = threading.Event()
+    store = PostgresStore(pg_dsn, schema=schema, max_size=2)
+    repo = PostgresSessionRepository(
+        store, lease_seconds=0.6, renew_interval=0.1, on_lost=lambda h: lost.set()
+    )
+    session = repo.create("s")
+    store.close()
+    assert lost.wait(5)
+    assert session.lost.is_set()
+    with pytest.raises(WriterLeaseLostError, match="could not be renewed"):
+        session.append_message(None, msg("late"))
+    session.close()
+    # nobody released it: the lease simply expires, then another writer takes over
+    time.sleep(0.7)
+    with PostgresSessionRepository(pg_store, renew_interval=None).open("s") as again:
+        assert again.fence == 2

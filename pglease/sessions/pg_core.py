@@ -12,9 +12,12 @@ before its first write (all writes are buffered here anyway).
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias
 
+import psycopg
 from psycopg import sql
 
 from ..ids import resource_id
@@ -22,6 +25,8 @@ from .branch_index import BranchIndexStore, BranchRow, Segment, index_entry
 from .errors import (
     DuplicateIdError,
     SessionCorruptError,
+    SessionError,
+    SessionExistsError,
     SessionNotFoundError,
     SessionVersionError,
     UnknownEntryError,
@@ -214,6 +219,20 @@ class Sql:
             " AND l.owner_id IS NOT NULL AND l.expires_at > clock_timestamp()"
             " WHERE %s::text IS NULL OR s.id = %s"
         )
+
+
+def new_owner_id() -> str:
+    """A fresh writer-handle owner id: `<host>/<pid>/<uuid7>` (names the holder in errors)."""
+    host = socket.gethostname()[:100] or "host"
+    return f"{host}/{os.getpid()}/{uuid7()}"
+
+
+def translate_unique(exc: psycopg.errors.UniqueViolation) -> SessionError:
+    """A unique violation from a session write, as the session error it means."""
+    constraint = exc.diag.constraint_name or ""
+    if "sessions" in constraint and "pkey" in constraint:
+        return SessionExistsError(str(exc.diag.message_detail or exc).strip())
+    return DuplicateIdError(f"an id is already used: {exc.diag.message_detail or exc}")
 
 
 # --- rows ----------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import weakref
@@ -48,7 +47,6 @@ from ..types import Claim, Owner, Permit
 from .branch_index import BranchQuery
 from .branch_index import scan_branch as _scan_branch
 from .errors import (
-    DuplicateIdError,
     InvalidSessionWriteError,
     SessionAlreadyClaimedError,
     SessionBusyError,
@@ -91,7 +89,9 @@ from .pg_core import (
     Sql,
     check_version,
     entry_from_row,
+    new_owner_id,
     new_session_plan,
+    translate_unique,
 )
 from .repository import SessionListing, SessionProblem, SessionRepository, check_session_id
 from .repository import read_session_file as _read_session_file
@@ -169,13 +169,6 @@ def write_plan_rows(
         build.step(i)
     with conn.pipeline():
         send(conn, build.batches())
-
-
-def _translate_unique(exc: psycopg.errors.UniqueViolation) -> SessionError:
-    constraint = exc.diag.constraint_name or ""
-    if "sessions" in constraint and "pkey" in constraint:
-        return SessionExistsError(str(exc.diag.message_detail or exc).strip())
-    return DuplicateIdError(f"an id is already used: {exc.diag.message_detail or exc}")
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -262,6 +255,7 @@ class PostgresSession:
         self._trusted_until = claimed_at + repository.lease_seconds
         self._lock = threading.RLock()
         self._closed = False
+        self._lost_reason = ""
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -323,12 +317,14 @@ class PostgresSession:
             raise SessionClosedError(f"session {self._id} handle is closed")
         if self.lost.is_set():
             raise WriterLeaseLostError(
-                f"session {self._id}: writer lease was lost (fence {self.fence}); "
-                "this handle refuses further work"
+                f"session {self._id}: writer lease was lost (fence {self.fence}"
+                f" {self._lost_reason}); this handle refuses further work"
             )
 
     def _mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
         first = not self.lost.is_set()
+        if first:
+            self._lost_reason = why
         self.lost.set()
         self._stop.set()
         if first and self._repo.on_lost is not None:
@@ -440,7 +436,7 @@ class PostgresSession:
                     self._next_seq = exc.next_seq
                     continue
                 except psycopg.errors.UniqueViolation as exc:
-                    raise _translate_unique(exc) from None
+                    raise translate_unique(exc) from None
                 self._revision = result.revision
                 value: tuple[CommitResult, list[Entry], list[UsageRow]] = result.value
                 self._next_seq = value[0].next_seq
@@ -609,11 +605,6 @@ class PostgresSession:
 # --- the repository -------------------------------------------------------------------------
 
 
-def _owner_id() -> str:
-    host = socket.gethostname()[:100] or "host"
-    return f"{host}/{os.getpid()}/{uuid7()}"
-
-
 class PostgresSessionRepository:
     """Sessions in the `session_*` tables of a `PostgresStore`'s schema.
 
@@ -682,7 +673,7 @@ class PostgresSessionRepository:
         )
 
     def _claim(self, session_id: str, rid: str, wait: float | None) -> tuple[Claim, float]:
-        owner = Owner(OWNER_TYPE, _owner_id())
+        owner = Owner(OWNER_TYPE, new_owner_id())
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             started = time.monotonic()
@@ -759,7 +750,7 @@ class PostgresSessionRepository:
             result = self.store.mutate(Permit(rid, claim.revision, claim), event, apply, payload)
         except psycopg.errors.UniqueViolation as exc:
             self._release_quietly(claim)
-            raise _translate_unique(exc) from None
+            raise translate_unique(exc) from None
         except BaseException:
             self._release_quietly(claim)
             raise

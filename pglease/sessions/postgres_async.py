@@ -80,11 +80,12 @@ from .pg_core import (
     Sql,
     check_version,
     entry_from_row,
+    new_owner_id,
     new_session_plan,
     register_from_row,
+    translate_unique,
     usage_from_row,
 )
-from .postgres import _owner_id, _translate_unique
 from .repository import SessionListing, SessionProblem, SessionRepository, check_session_id
 from .repository import read_session_file as _read_session_file
 from .writes import prepare_writes
@@ -227,6 +228,7 @@ class AsyncPostgresSession:
         self._trusted_until = claimed_at + repository.lease_seconds
         self._lock = asyncio.Lock()
         self._closed = False
+        self._lost_reason = ""
         self.lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         if repository.renew_interval is not None:
@@ -279,12 +281,14 @@ class AsyncPostgresSession:
             raise SessionClosedError(f"session {self._id} handle is closed")
         if self.lost.is_set():
             raise WriterLeaseLostError(
-                f"session {self._id}: writer lease was lost (fence {self.fence}); "
-                "this handle refuses further work"
+                f"session {self._id}: writer lease was lost (fence {self.fence}"
+                f" {self._lost_reason}); this handle refuses further work"
             )
 
     def _mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
         first = not self.lost.is_set()
+        if first:
+            self._lost_reason = why
         self.lost.set()
         if first and self._repo.on_lost is not None:
             try:
@@ -390,7 +394,7 @@ class AsyncPostgresSession:
                     self._next_seq = exc.next_seq
                     continue
                 except psycopg.errors.UniqueViolation as exc:
-                    raise _translate_unique(exc) from None
+                    raise translate_unique(exc) from None
                 self._revision = result.revision
                 value: tuple[CommitResult, list[Entry], list[UsageRow]] = result.value
                 self._next_seq = value[0].next_seq
@@ -600,7 +604,7 @@ class AsyncPostgresSessionRepository:
         )
 
     async def _claim(self, session_id: str, rid: str, wait: float | None) -> tuple[Claim, float]:
-        owner = Owner(OWNER_TYPE, _owner_id())
+        owner = Owner(OWNER_TYPE, new_owner_id())
         deadline = None if wait is None else time.monotonic() + wait
         while True:
             started = time.monotonic()
@@ -673,7 +677,7 @@ class AsyncPostgresSessionRepository:
             )
         except psycopg.errors.UniqueViolation as exc:
             await self._release_quietly(claim)
-            raise _translate_unique(exc) from None
+            raise translate_unique(exc) from None
         except BaseException:
             await self._release_quietly(claim)
             raise
