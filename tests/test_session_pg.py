@@ -620,3 +620,17 @@ def test_unreachable_database_closes_the_trust_window(
     time.sleep(0.7)
     with PostgresSessionRepository(pg_store, renew_interval=None).open("s") as again:
         assert again.fence == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"limit": -1}, {"limit": "5"}, {"limit": True}, {"after_seq": "0"}, {"types": [1]}],
+)
+def test_scan_arguments_are_checked(pg_repo: PostgresSessionRepository, kwargs: Any) -> None:
+    with pg_repo.create("s") as session:
+        with pytest.raises(InvalidSessionWriteError):
+            session.scan_entries(**kwargs)
+        root = session.append_message(None, msg("r"))
+        if "limit" in kwargs:
+            with pytest.raises(InvalidSessionWriteError):
+                session.scan_branch(root.id, limit=kwargs["limit"])

@@ -16,6 +16,7 @@ from pglease.sessions import (
     AsyncPostgresSession,
     AsyncPostgresSessionRepository,
     DuplicateIdError,
+    InvalidSessionWriteError,
     PostgresSessionRepository,
     SessionAlreadyClaimedError,
     SessionBusyError,
@@ -135,6 +136,10 @@ async def test_async_failures_roll_back_and_fence(
         await session.commit([AddUsage({"input": 1}, id="a")])
     assert (await apg_store.get(session.resource_id)).revision == revision
     assert await session.get_entry("b") is None
+    with pytest.raises(InvalidSessionWriteError):
+        await session.scan_entries(limit="3")  # type: ignore[arg-type]
+    with pytest.raises(InvalidSessionWriteError):
+        await session.scan_branch("a", limit=-1)
     with pytest.raises(SessionAlreadyClaimedError, match="already held"):
         await arepo.open("s")
     with pytest.raises(SessionExistsError):

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeAlias
 
 import psycopg
 from psycopg import sql
 
 from ..ids import resource_id
-from .branch_index import BranchIndexStore, BranchRow, Segment, index_entry
+from .branch_index import BranchIndexStore, BranchQuery, BranchRow, Segment, index_entry
 from .errors import (
     DuplicateIdError,
+    InvalidSessionWriteError,
     SessionCorruptError,
     SessionError,
     SessionExistsError,
@@ -256,6 +257,32 @@ def usage_from_row(row: Sequence[Any]) -> UsageRow:
 
 def segment_from_row(row: Sequence[Any] | None) -> Segment | None:
     return None if row is None else Segment(row[0], row[1], int(row[2]), row[3], row[4])
+
+
+def check_scan_args(
+    after_seq: object, limit: object, types: Iterable[object] | None
+) -> list[str] | None:
+    """Check `scan_entries` arguments before they reach SQL; return the type list."""
+    if isinstance(after_seq, bool) or not isinstance(after_seq, int):
+        raise InvalidSessionWriteError(f"after_seq must be an int, got {after_seq!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise InvalidSessionWriteError(f"limit must be an int >= 0, got {limit!r}")
+    if types is None:
+        return None
+    wanted = list(types)
+    if not all(isinstance(t, str) for t in wanted):
+        raise InvalidSessionWriteError(f"types must be strings, got {wanted!r}")
+    return [str(t) for t in wanted]
+
+
+def first_page_for(query: BranchQuery) -> int:
+    """Rows to fetch first in a branch scan: without filters a valid limit bounds
+    the rows needed (the +1 lets the scan see the page was not short)."""
+    limit = query.limit
+    bounded = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0
+    if bounded and limit is not None and query.types is None and query.custom_type is None:
+        return min(limit + 1, SCAN_PAGE)
+    return SCAN_PAGE
 
 
 def check_version(session_id: str, version: int) -> None:

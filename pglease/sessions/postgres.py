@@ -79,7 +79,6 @@ from .model import (
 from .pg_core import (
     OWNER_TYPE,
     RESOURCE_TYPE,
-    SCAN_PAGE,
     Batch,
     CommitBuilder,
     IndexCore,
@@ -87,8 +86,10 @@ from .pg_core import (
     Row,
     SeqMoved,
     Sql,
+    check_scan_args,
     check_version,
     entry_from_row,
+    first_page_for,
     new_owner_id,
     new_session_plan,
     translate_unique,
@@ -514,9 +515,7 @@ class PostgresSession:
         types: Iterable[str] | None = None,
     ) -> list[Entry]:
         """Entries with `seq > after_seq` in seq order, optionally of some types."""
-        if limit is not None and limit < 0:
-            raise InvalidSessionWriteError(f"limit must be >= 0, got {limit}")
-        wanted = None if types is None else list(types)
+        wanted = check_scan_args(after_seq, limit, types)
         with self._conn() as conn:
             rows = conn.execute(
                 self._q.scan_entries, (self._id, after_seq, wanted, wanted, limit)
@@ -552,11 +551,8 @@ class PostgresSession:
             row = conn.execute(self._q.get_entry, (self._id, leaf_id)).fetchone()
             if row is None:
                 raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
-            # Without filters a limit bounds the rows needed: fetch just that first.
-            unfiltered = query.types is None and query.custom_type is None
-            first_page = query.limit + 1 if unfiltered and query.limit is not None else SCAN_PAGE
             index = PgBranchIndex(
-                conn, self._q, self._id, load_entries=True, first_page=min(first_page, SCAN_PAGE)
+                conn, self._q, self._id, load_entries=True, first_page=first_page_for(query)
             )
             return _scan_branch(index, entry_from_row(row), query, index.load)
 

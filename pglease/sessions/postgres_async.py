@@ -70,7 +70,6 @@ from .model import (
 from .pg_core import (
     OWNER_TYPE,
     RESOURCE_TYPE,
-    SCAN_PAGE,
     Batch,
     CommitBuilder,
     Miss,
@@ -78,8 +77,10 @@ from .pg_core import (
     ReplayIndex,
     SeqMoved,
     Sql,
+    check_scan_args,
     check_version,
     entry_from_row,
+    first_page_for,
     new_owner_id,
     new_session_plan,
     register_from_row,
@@ -467,9 +468,7 @@ class AsyncPostgresSession:
         limit: int | None = None,
         types: Iterable[str] | None = None,
     ) -> list[Entry]:
-        if limit is not None and limit < 0:
-            raise InvalidSessionWriteError(f"limit must be >= 0, got {limit}")
-        wanted = None if types is None else list(types)
+        wanted = check_scan_args(after_seq, limit, types)
         rows = await self._rows(self._q.scan_entries, (self._id, after_seq, wanted, wanted, limit))
         return [entry_from_row(r) for r in rows]
 
@@ -501,14 +500,8 @@ class AsyncPostgresSession:
             if row is None:
                 raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
             leaf = entry_from_row(row)
-            bounded = isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0
-            unfiltered = types is None and custom_type is None
-            first_page = limit + 1 if bounded and unfiltered and limit is not None else SCAN_PAGE
             index = ReplayIndex(
-                self._q,
-                self._id,
-                load_entries=True,
-                first_page=min(first_page, SCAN_PAGE),
+                self._q, self._id, load_entries=True, first_page=first_page_for(query)
             )
             # A read-only replay: each run reuses every page fetched before.
             return await _replay(conn, index, lambda: _scan_branch(index, leaf, query, index.load))
