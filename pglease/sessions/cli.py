@@ -181,8 +181,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "session",
         help="agent sessions in PostgreSQL: list, show, fork/export to a file, import",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Sessions live in PostgreSQL (the global --dsn / --schema). fork and"
+        " export write a session file into --to DIR; import reads one back as a new"
+        " PostgreSQL session whose parent is the file's session.",
     )
     sub = parser.add_subparsers(dest="session_command", required=True, metavar="SUBCOMMAND")
 
