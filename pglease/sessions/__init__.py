@@ -9,6 +9,7 @@ live in `fork`, `branch_index` and `model` so other backends can share them.
 (`sql/0004_sessions.sql`) for fleets, with `PostgresSession` handles fenced by
 a pglease lease; it also forks sessions into files and imports files back.
 Both handle types satisfy the `SessionHandle` protocol.
+`AsyncPostgresSessionRepository` is its asyncio twin. See README.md here.
 """
 
 from __future__ import annotations
