@@ -36,6 +36,7 @@ from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError, Validati
 from ..ids import token_hash
 from ..postgres import _core
 from ..types import Claim, Owner
+from ._rooms import AsyncRoom, Member, SyncRoom, join_async, join_sync
 from ._sql import FleetQueries
 from ._timing import Timing
 from .keeper import AsyncKeeper, Keeper
@@ -45,8 +46,6 @@ log = logging.getLogger("pglease.fleet")
 
 #: Without a watcher, how often a waiter re-checks a held lease (seconds).
 FALLBACK_POLL = 0.5
-#: Events on the waited-for resource that can make it claimable.
-WAKE_EVENTS = ("lease.released", "lease.expired")
 #: Bounds of a fair waiter's queue-entry ttl (it is the lease ttl within these).
 MIN_WAITER_TTL = 1.0
 MAX_WAITER_TTL = 30.0
@@ -140,72 +139,24 @@ def _translate(exc: psycopg.Error) -> BaseException:
     return _core.translate(exc) or exc
 
 
-# --------------------------------------------------------------------------- wake seam
+class _NoLock:
+    """Stands in for a room's enqueue lock when none is needed."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
-class _SyncWake:
-    """Sleep until an event on the resource or a timeout; the watcher is optional."""
-
-    def __init__(self, store: SyncLeaseStore, rid: str, use_watcher: bool) -> None:
-        self._watcher: Any = None
-        if use_watcher:
-            try:
-                from ..watch import Watcher
-
-                self._watcher = Watcher(store, after="now", resources=rid, event_types=WAKE_EVENTS)
-            except Exception as exc:  # the watcher is an optimisation, not a requirement
-                log.debug("no watcher for acquire wake-ups, timers only: %s", exc)
-
-    def wait(self, seconds: float | None) -> None:
-        if seconds is not None and seconds <= 0:
-            return
-        if self._watcher is not None:
-            try:
-                self._watcher.get(timeout=seconds)
-                return
-            except Exception as exc:
-                log.debug("watcher failed, falling back to timers: %s", exc)
-                self.close()
-        time.sleep(FALLBACK_POLL if seconds is None else min(seconds, FALLBACK_POLL))
-
-    def close(self) -> None:
-        if self._watcher is not None:
-            watcher, self._watcher = self._watcher, None
-            with contextlib.suppress(Exception):
-                watcher.close()
-
-
-class _AsyncWake:
-    def __init__(self) -> None:
-        self._watcher: Any = None
-
-    async def start(self, store: AsyncLeaseStore, rid: str, use_watcher: bool) -> None:
-        if use_watcher:
-            try:
-                from ..watch import AsyncWatcher
-
-                watcher = AsyncWatcher(store, after="now", resources=rid, event_types=WAKE_EVENTS)
-                self._watcher = await watcher.start()
-            except Exception as exc:
-                log.debug("no watcher for acquire wake-ups, timers only: %s", exc)
-
-    async def wait(self, seconds: float | None) -> None:
-        if seconds is not None and seconds <= 0:
-            return
-        if self._watcher is not None:
-            try:
-                await self._watcher.get(timeout=seconds)
-                return
-            except Exception as exc:
-                log.debug("watcher failed, falling back to timers: %s", exc)
-                await self.aclose()
-        await asyncio.sleep(FALLBACK_POLL if seconds is None else min(seconds, FALLBACK_POLL))
-
-    async def aclose(self) -> None:
-        if self._watcher is not None:
-            watcher, self._watcher = self._watcher, None
-            with contextlib.suppress(Exception):
-                await watcher.aclose()
+_NO_LOCK = _NoLock()
+_NO_ALOCK = _NoLock()
 
 
 def _left(deadline: float | None) -> float | None:
@@ -239,17 +190,32 @@ def _acquire(
     deadline = None if timeout is None else time.monotonic() + timeout
     rid = store.ensure_resource(resource_type, key)
     plan = _Plan(store.schema, rid, owner, ttl, fair)
-    wake = _SyncWake(store, rid, use_watcher and timeout != 0)
+    room: SyncRoom | None = None
+    member: Member | None = None
+    if use_watcher and timeout != 0:
+        room, member = join_sync(store, rid, fair)
     won = False
     try:
+        if room is not None:
+            room.await_ready(_left(deadline))
+        first = True
         while True:
             query, args = plan.query()
-            started = time.monotonic()
-            try:
-                with store.connection() as conn:
-                    row = conn.execute(query, args).fetchone()
-            except psycopg.Error as exc:
-                raise _translate(exc) from None
+            if member is not None:
+                member.consume()
+            # A fair waiter's first attempt creates its queue entry: one at a
+            # time per room, so local wake-up order is the database's order.
+            enqueue = room.enqueue if room is not None and fair and first else _NO_LOCK
+            with enqueue:
+                started = time.monotonic()
+                try:
+                    with store.connection() as conn:
+                        row = conn.execute(query, args).fetchone()
+                except psycopg.Error as exc:
+                    raise _translate(exc) from None
+                if first and room is not None and member is not None:
+                    room.rank(member)
+            first = False
             assert row is not None
             outcome = plan.outcome(row)
             if outcome.claim is not None:
@@ -263,9 +229,14 @@ def _acquire(
             wait = _min_wait(outcome.wake_in, left)
             if stop is not None:
                 wait = _min_wait(wait, 0.25)  # notice a stop request; not a database poll
-            wake.wait(wait)
+            if room is not None and member is not None:
+                room.wait(member, wait, FALLBACK_POLL)
+            elif wait is None or wait > 0:
+                # No watcher: a release would go unnoticed until the expiry.
+                time.sleep(FALLBACK_POLL if wait is None else min(wait, FALLBACK_POLL))
     finally:
-        wake.close()
+        if room is not None and member is not None:
+            room.leave(member, won)
         if plan.waiter is not None and not won:
             _leave_queue(store, plan)
 
@@ -365,19 +336,31 @@ async def _acquire_async(
     deadline = None if timeout is None else time.monotonic() + timeout
     rid = await store.ensure_resource(resource_type, key)
     plan = _Plan(store.schema, rid, owner, ttl, fair)
-    wake = _AsyncWake()
+    room: AsyncRoom | None = None
+    member: Member | None = None
+    if use_watcher and timeout != 0:
+        room, member = join_async(store, rid, fair)
     won = False
     try:
-        await wake.start(store, rid, use_watcher and timeout != 0)
+        if room is not None:
+            await room.await_ready(_left(deadline))
+        first = True
         while True:
             query, args = plan.query()
-            started = time.monotonic()
-            try:
-                async with store.connection() as conn:
-                    cur = await conn.execute(query, args)
-                    row = await cur.fetchone()
-            except psycopg.Error as exc:
-                raise _translate(exc) from None
+            if member is not None:
+                member.consume()
+            enqueue = room.enqueue if room is not None and fair and first else _NO_ALOCK
+            async with enqueue:
+                started = time.monotonic()
+                try:
+                    async with store.connection() as conn:
+                        cur = await conn.execute(query, args)
+                        row = await cur.fetchone()
+                except psycopg.Error as exc:
+                    raise _translate(exc) from None
+                if first and room is not None and member is not None:
+                    room.rank(member)
+            first = False
             assert row is not None
             outcome = plan.outcome(row)
             if outcome.claim is not None:
@@ -386,15 +369,20 @@ async def _acquire_async(
             left = _left(deadline)
             if left is not None and left <= 0:
                 raise plan.timeout_error(timeout)
-            await wake.wait(_min_wait(outcome.wake_in, left))
+            wait = _min_wait(outcome.wake_in, left)
+            if room is not None and member is not None:
+                await room.wait(member, wait, FALLBACK_POLL)
+            elif wait is None or wait > 0:
+                await asyncio.sleep(FALLBACK_POLL if wait is None else min(wait, FALLBACK_POLL))
     finally:
+        if room is not None and member is not None:
+            room.leave(member, won)  # synchronous: done even when cancelled
         # Shielded: a cancelled waiter still takes its queue entry with it.
-        cleanup = asyncio.ensure_future(_cleanup_async(store, plan, wake, won))
+        cleanup = asyncio.ensure_future(_cleanup_async(store, plan, won))
         await asyncio.shield(cleanup)
 
 
-async def _cleanup_async(store: AsyncLeaseStore, plan: _Plan, wake: _AsyncWake, won: bool) -> None:
-    await wake.aclose()
+async def _cleanup_async(store: AsyncLeaseStore, plan: _Plan, won: bool) -> None:
     if plan.waiter is None or won:
         return
     try:
