@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -49,7 +50,7 @@ from _server import find_pgbench, machine_info, throwaway_server
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore
 from pglease.postgres._core import Queries
-from pglease.watch import AsyncWatcher, Watcher
+from pglease.watch import AsyncWatcher, WatchClosedError, Watcher
 
 PGBENCH_ID_BASE = 10**18
 SCHEMA = "watch_bench"
@@ -145,8 +146,10 @@ def watchers_main(
         os.nice(nice)
     received: list[list[tuple[str, int, float]]] = [[] for _ in range(count)]
     clock = time.perf_counter
-    if flavour == "async":
-        cpu = asyncio.run(_async_watchers(dsn, schema, count, mode, received))
+    if flavour.startswith("async"):
+        cpu = asyncio.run(
+            _async_watchers(dsn, schema, count, mode, received, flavour.endswith("batch"))
+        )
         Path(out).write_text(json.dumps({"received": received, "cpu": cpu}))
         return
     store = PostgresStore(dsn, schema=schema, max_size=4, auto_migrate=False)
@@ -154,7 +157,14 @@ def watchers_main(
 
     def consume(i: int) -> None:
         sink = received[i]
-        for event in watchers[i]:
+        w = watchers[i]
+        if flavour.endswith("batch"):
+            with contextlib.suppress(WatchClosedError):
+                while batch := w.get_batch():
+                    now = clock()
+                    sink.extend((e.resource_id, e.revision, now) for e in batch)
+            return
+        for event in w:
             sink.append((event.resource_id, event.revision, clock()))
 
     threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(count)]
@@ -173,7 +183,12 @@ def watchers_main(
 
 
 async def _async_watchers(
-    dsn: str, schema: str, count: int, mode: str, received: list[list[tuple[str, int, float]]]
+    dsn: str,
+    schema: str,
+    count: int,
+    mode: str,
+    received: list[list[tuple[str, int, float]]],
+    batches: bool,
 ) -> float:
     clock = time.perf_counter
     async with AsyncPostgresStore(dsn, schema=schema, max_size=4, auto_migrate=False) as store:
@@ -181,7 +196,14 @@ async def _async_watchers(
 
         async def consume(i: int) -> None:
             sink = received[i]
-            async for event in watchers[i]:
+            w = watchers[i]
+            if batches:
+                with contextlib.suppress(WatchClosedError):
+                    while batch := await w.get_batch():
+                        now = clock()
+                        sink.extend((e.resource_id, e.revision, now) for e in batch)
+                return
+            async for event in w:
                 sink.append((event.resource_id, event.revision, clock()))
 
         tasks = [asyncio.create_task(consume(i)) for i in range(count)]
@@ -265,7 +287,9 @@ def throughput(
     # (bump variant, watchers, nice of the watcher process, sync or async watchers)
     Config = tuple[str, int, int, str]
     configs: list[Config] = [("coalesced", n, 0, "sync") for n in args.watchers]
-    configs += [("coalesced", n, 0, "async") for n in args.async_watchers]
+    for extra in args.extra:
+        n, _, kind = extra.partition(":")
+        configs.append(("coalesced", int(n), 0, kind))
     if args.nice:
         configs += [("coalesced", n, args.nice, "sync") for n in args.watchers if n]
     if not args.skip_variants:
@@ -308,7 +332,7 @@ def throughput(
             ratios[config].append(value / base_tps)
             variant, n, nice, flavour = config
             print(
-                f"  round {rnd + 1}: {variant:16s} watchers={n:3d} {flavour:5s} nice={nice:2d}"
+                f"  round {rnd + 1}: {variant:16s} watchers={n:3d} {flavour:11s} nice={nice:2d}"
                 f"  {value:8.0f} tps  baseline {base_tps:8.0f}  ratio {value / base_tps:.2f}",
                 flush=True,
             )
@@ -390,10 +414,11 @@ def main(argv: list[str] | None = None) -> int:
         "--watchers", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 10, 100]
     )
     p.add_argument(
-        "--async-watchers",
-        type=lambda s: [int(x) for x in s.split(",") if x],
-        default=[10, 100],
-        help="watcher counts also run as AsyncWatchers on one event loop",
+        "--extra",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=["10:async", "100:async", "100:sync-batch", "100:async-batch"],
+        help="more N:KIND rows; KIND is sync, async, sync-batch or async-batch"
+        " (batch: the consumer calls get_batch())",
     )
     p.add_argument(
         "--nice",
@@ -419,7 +444,14 @@ def main(argv: list[str] | None = None) -> int:
             script = pgbench_script(SCHEMA, args.resources)
             result["throughput"] = throughput(dsn, SCHEMA, args, script)
         result["latency"] = []
-        for n, flavour in ((1, "sync"), (100, "sync"), (1, "async"), (100, "async")):
+        for n, flavour in (
+            (1, "sync"),
+            (100, "sync"),
+            (100, "sync-batch"),
+            (1, "async"),
+            (100, "async"),
+            (100, "async-batch"),
+        ):
             print(f"latency with {n} {flavour} watcher(s)...", flush=True)
             result["latency"].append(
                 latency(dsn, SCHEMA, n, args.latency_seconds, args.mode, flavour)

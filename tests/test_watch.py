@@ -19,6 +19,7 @@ from pglease import (
     PostgresStore,
     ValidationError,
 )
+from pglease.cursors import decode_cursor
 from pglease.types import Event
 from pglease.watch import (
     AsyncWatcher,
@@ -446,3 +447,35 @@ def test_store_closed_while_catching_up(pg_dsn: str, schema: str) -> None:
     with pytest.raises(PgleaseError, match="store was closed"):
         w.get(5)
     w.close()
+
+
+def test_get_batch(pg_store: PostgresStore) -> None:
+    rid = pg_store.ensure_resource("run", "batch")
+    with Watcher(pg_store, after="start") as w:
+        assert w.get_batch(0.1) == []
+        for _ in range(3):
+            cycle(pg_store, rid)
+        got: list[Event] = []
+        while len(got) < 6:
+            batch = w.get_batch(5, max_events=4)
+            assert 1 <= len(batch) <= 4
+            got += batch
+        assert [e.revision for e in got] == [1, 2, 3, 4, 5, 6]
+        assert decode_cursor(w.cursor) >= decode_cursor(got[-1].cursor)
+        with pytest.raises(ValidationError):
+            w.get_batch(0.1, max_events=0)
+
+
+async def test_async_get_batch(apg_store: AsyncPostgresStore) -> None:
+    rid = await apg_store.ensure_resource("run", "abatch")
+    async with AsyncWatcher(apg_store, after="start") as w:
+        assert await w.get_batch(0.1) == []
+        claim = await apg_store.claim(rid, A, 5)
+        assert claim is not None
+        await apg_store.release(claim)
+        got: list[Event] = []
+        while len(got) < 2:
+            got += await w.get_batch(5)
+        assert [e.type for e in got] == ["lease.claimed", "lease.released"]
+        with pytest.raises(ValidationError):
+            await w.get_batch(0.1, max_events=True)

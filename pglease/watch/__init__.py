@@ -44,7 +44,7 @@ Coalesced NOTIFY (the hot-path cost)
 Reads under load
     A read costs the server about as much as a write, so the hub does not read
     once per NOTIFY when busy: after a read that returned n > 1 events it
-    waits (n - 1) x 0.5 ms, at most 4 ms, before the next one. One event per
+    waits (n - 1) x 0.5 ms, at most 8 ms, before the next one. One event per
     read (light load) is never delayed. Async watchers of one event loop share
     one hub subscription (one cross-thread call per batch).
 

@@ -306,6 +306,15 @@ class WatchState:
             if self.filters.match(event):
                 self.pending.append(event)
 
+    def take(self, limit: int) -> list[Event]:
+        """Up to `limit` pending events, without waiting."""
+        n = min(limit, len(self.pending))
+        if n <= 0:
+            return []
+        out = [self.pending.popleft() for _ in range(n)]
+        self._last = out[-1]
+        return out
+
     def next_event(self) -> Event | None:
         if self.pending:
             event = self.pending.popleft()

@@ -44,7 +44,7 @@ RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 #: After a read that returned several events, the next read waits this much
 #: per extra event, up to MAX_BATCH_GAP (adds at most that much latency).
 BATCH_GAP_PER_EVENT = 0.0005
-MAX_BATCH_GAP = 0.004
+MAX_BATCH_GAP = 0.008
 
 
 class Hub:

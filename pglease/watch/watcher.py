@@ -214,6 +214,19 @@ class Watcher(_Base):
             if message is not None:
                 state.on_message(message)
 
+    def get_batch(self, timeout: float | None = None, max_events: int = 10_000) -> list[Event]:
+        """Every event already at hand (at least one), or [] after `timeout`.
+
+        For high-rate consumers: one call per hub batch instead of one per event.
+        """
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValidationError("max_events must be an int >= 1")
+        first = self.get(timeout)
+        if first is None:
+            return []
+        assert self._state is not None
+        return [first, *self._state.take(max_events - 1)]
+
 
 class AsyncWatcher(_Base):
     """The asyncio twin of `Watcher`: ``async for event in AsyncWatcher(store)``.
@@ -329,6 +342,18 @@ class AsyncWatcher(_Base):
                 return None
             if message is not None:
                 state.on_message(message)
+
+    async def get_batch(
+        self, timeout: float | None = None, max_events: int = 10_000
+    ) -> list[Event]:
+        """Every event already at hand (at least one), or [] after `timeout`."""
+        if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+            raise ValidationError("max_events must be an int >= 1")
+        first = await self.get(timeout)
+        if first is None:
+            return []
+        assert self._state is not None
+        return [first, *self._state.take(max_events - 1)]
 
 
 class _LoopFanout:
