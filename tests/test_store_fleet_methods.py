@@ -40,3 +40,23 @@ async def test_async_store_hold_acquire_elect(apg_store: AsyncPostgresStore) -> 
     finally:
         await election.stop()
     assert await apg_store.leader("scheduler") is None
+
+
+def test_sync_store_watch_delivers_new_events(pg_store: PostgresStore) -> None:
+    from pglease import Permit
+
+    rid = pg_store.ensure_resource("run", "watched")
+    with pg_store.watch(after="now", types="run") as watcher:
+        pg_store.mutate(Permit(rid, 0), "run.step", payload={"n": 1})
+        event = watcher.get(timeout=10)
+    assert event is not None and event.type == "run.step" and event.payload == {"n": 1}
+
+
+async def test_async_store_watch_delivers_new_events(apg_store: AsyncPostgresStore) -> None:
+    from pglease import Permit
+
+    rid = await apg_store.ensure_resource("run", "watched")
+    async with apg_store.watch(after="start") as watcher:
+        await apg_store.mutate(Permit(rid, 0), "run.step")
+        event = await watcher.get(timeout=10)
+    assert event is not None and event.resource_id == rid

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -24,6 +24,7 @@ from ._core import DEFAULT_SCHEMA, Queries
 
 if TYPE_CHECKING:
     from ..fleet import AsyncElection, AsyncHeldLease, Leader
+    from ..watch import AsyncWatcher
 
 T = TypeVar("T")
 AsyncApply = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
@@ -251,3 +252,27 @@ class AsyncPostgresStore:
         from ..fleet import leader_async
 
         return await leader_async(self, name)
+
+    def watch(
+        self,
+        *,
+        after: str | None = "now",
+        types: Iterable[str] | str | None = None,
+        resources: Iterable[str] | str | None = None,
+        event_types: Iterable[str] | str | None = None,
+        mode: str = "listen",
+        interval: float | None = None,
+    ) -> AsyncWatcher:
+        """Stream committed events gap-free from `after` (a cursor, "now" or "start");
+        see `pglease.watch.AsyncWatcher`."""
+        from ..watch import watch_async
+
+        return watch_async(
+            self,
+            after=after,
+            types=types,
+            resources=resources,
+            event_types=event_types,
+            mode=mode,
+            interval=interval,
+        )

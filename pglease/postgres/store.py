@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -25,6 +25,7 @@ from ._reuse import ConnectionStack
 
 if TYPE_CHECKING:
     from ..fleet import Election, HeldLease, Leader
+    from ..watch import Watcher
 
 T = TypeVar("T")
 Apply = Callable[[psycopg.Connection[Any]], T]
@@ -259,3 +260,27 @@ class PostgresStore:
         from ..fleet import leader
 
         return leader(self, name)
+
+    def watch(
+        self,
+        *,
+        after: str | None = "now",
+        types: Iterable[str] | str | None = None,
+        resources: Iterable[str] | str | None = None,
+        event_types: Iterable[str] | str | None = None,
+        mode: str = "listen",
+        interval: float | None = None,
+    ) -> Watcher:
+        """Stream committed events gap-free from `after` (a cursor, "now" or "start");
+        see `pglease.watch.Watcher`."""
+        from ..watch import watch
+
+        return watch(
+            self,
+            after=after,
+            types=types,
+            resources=resources,
+            event_types=event_types,
+            mode=mode,
+            interval=interval,
+        )
