@@ -19,6 +19,8 @@ L = TypeVar("L", bound=_LeaseBase)
 BUSY_RETRY = 0.05
 #: Transient errors: retry after 50 ms, doubling, at most a quarter interval.
 ERROR_RETRY = 0.05
+#: A beat is never abandoned sooner than this (seconds).
+MIN_BEAT_LIMIT = 0.05
 
 TRUST_CLOSED = "the local trust window closed without a successful renewal"
 _STATUS_REASON = {
@@ -41,6 +43,9 @@ class KeeperStats:
     last_beat_seconds: float = 0.0
     #: Leases in the last beat.
     last_beat_size: int = 0
+    #: Beats (or releases) abandoned because they outlasted their limit, e.g.
+    #: on a dead connection; the keeper reconnects and retries.
+    aborted: int = 0
 
 
 class KeeperCore(Generic[L]):
@@ -101,6 +106,17 @@ class KeeperCore(Generic[L]):
                 len(batch),
             )
         return batch
+
+    def beat_limit(self, batch: Sequence[L], started: float) -> float:
+        """How long a beat started at `started` may take before it is abandoned.
+
+        Half the time left until the batch's first trust window closes: a beat
+        stuck on a dead connection (a partition, a frozen server, a lost TCP
+        peer) is cut off while the other half still leaves room to reconnect
+        and renew; a beat that is merely slow usually finishes first.
+        """
+        window = min(lease.deadline for lease in batch) - started
+        return max(MIN_BEAT_LIMIT, window / 2)
 
     def args(self, batch: Sequence[L]) -> list[Any]:
         return heartbeat_args(

@@ -103,7 +103,12 @@ def host_main(
                 with hold(store, CHAOS_TYPE, key, owner, ttl, timeout=ttl * 3) as lease:
                     rid, gen = lease.resource_id, lease.generation
 
-                    def noticed(_e: LeaseLostError, r: str = rid, g: int = gen) -> None:
+                    losses: list[str] = []
+
+                    def noticed(
+                        _e: LeaseLostError, r: str = rid, g: int = gen, out: list[str] = losses
+                    ) -> None:
+                        out.append(r)
                         log("lost", r, g)
 
                     lease.on_lost(noticed)
@@ -126,6 +131,8 @@ def host_main(
                             break
                         revision = result.revision
                         log("ack", rid, gen, wid)
+                if not losses:
+                    log("rel", rid, gen)  # given back: not in question if paused later
             except (PgleaseError, psycopg.Error, OSError):
                 time.sleep(0.05)  # timeouts, restarts: try again
 

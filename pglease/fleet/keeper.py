@@ -14,6 +14,15 @@ expired: immediate, no retry), or when the local trust window closes without a
 successful renewal. The sync keeper's watchdog thread does no I/O, so a beat
 stuck on a dead connection cannot delay that; the async twin arms one loop
 timer per lease, and `check()` consults the clock itself in any case.
+
+Dead connections: a beat may take at most half the time left until its first
+trust window closes (`KeeperCore.beat_limit`); then its socket is shut down
+(by the watchdog thread, or a loop timer in the async twin), the statement
+fails, and the beat is retried on a new connection, in time to keep the lease.
+That covers a peer that acknowledges bytes but never answers (a frozen server,
+a half-open proxy), which neither `statement_timeout` (server side) nor TCP
+keepalives notice; keepalives and ``tcp_user_timeout`` are set as well, so a
+dead TCP peer is noticed between beats too.
 """
 
 from __future__ import annotations
@@ -22,9 +31,12 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
+import socket
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import psycopg
@@ -41,6 +53,8 @@ log = logging.getLogger("pglease.fleet")
 
 #: Server-side bound on one beat (the statement never waits for locks anyway).
 STATEMENT_TIMEOUT_MS = 10_000
+#: A best-effort release on the keeper's connection is abandoned after this.
+RELEASE_LIMIT = 5.0
 
 
 class StoreInfo(Protocol):
@@ -79,7 +93,48 @@ def _connect_kwargs(connect_timeout: float) -> dict[str, Any]:
         "connect_timeout": max(1, math.ceil(connect_timeout)),
         "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
         "application_name": "pglease-keeper",
+        # TCP only (libpq ignores them on a Unix socket): notice a dead peer
+        # while idle between beats (keepalives) and while a request stays
+        # unacknowledged (tcp_user_timeout), instead of the kernel's ~15 min.
+        # A peer that acknowledges but never answers (a frozen server, a
+        # half-open proxy) is caught by the beat limit instead (see `_abort`).
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+        "tcp_user_timeout": STATEMENT_TIMEOUT_MS,
     }
+
+
+@dataclass
+class _InFlight:
+    """A statement running on the sync keeper's connection, and when to give up on it."""
+
+    conn: psycopg.Connection[Any]
+    until: float
+    aborted: bool = False
+
+
+def _abort(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """Make a statement blocked on `conn` fail now (from another thread, or a loop
+    callback while the keeper task awaits it).
+
+    Shuts the socket down through a duplicate descriptor: the blocked wait
+    returns with end-of-file and psycopg raises OperationalError there, so the
+    connection is dropped and replaced by the keeper's own code. The descriptor
+    itself is not closed here (it could be reused under the blocked thread's
+    feet), and nothing here waits for the network.
+
+    Not task cancellation: psycopg answers a cancelled query by sending a cancel
+    request and waiting (up to 5 s, twice) for the server to confirm, which on
+    a dead connection outlasts the trust window.
+    """
+    with contextlib.suppress(OSError, psycopg.Error):
+        dup = socket.socket(fileno=os.dup(conn.pgconn.socket))
+        try:
+            dup.shutdown(socket.SHUT_RDWR)
+        finally:
+            dup.close()
 
 
 class Keeper:
@@ -102,6 +157,7 @@ class Keeper:
         self._cond = threading.Condition()
         self._closed = False
         self._conn: psycopg.Connection[Any] | None = None
+        self._inflight: _InFlight | None = None
         self._beater = threading.Thread(target=self._run, name="pglease-keeper", daemon=True)
         self._watchdog = threading.Thread(
             target=self._watch, name="pglease-keeper-watchdog", daemon=True
@@ -165,13 +221,25 @@ class Keeper:
     # --- threads -------------------------------------------------------------------
 
     def _watch(self) -> None:
-        """Close trust windows on time; no I/O here, so nothing can block it."""
+        """Close trust windows on time, and cut off a statement stuck on a dead
+        connection; no database I/O here, so nothing can block it."""
         while True:
             with self._cond:
                 if self._closed:
                     return
-                lost = self._core.sweep(time.monotonic())
+                now = time.monotonic()
+                lost = self._core.sweep(now)
+                inflight = self._inflight
+                if inflight is not None and not inflight.aborted and inflight.until <= now:
+                    inflight.aborted = True
+                    self._core.stats.aborted += 1
+                    log.warning(
+                        "keeper statement outlasted its limit (dead connection?); reconnecting"
+                    )
+                    _abort(inflight.conn)
                 deadline = self._core.next_deadline()
+                if inflight is not None and not inflight.aborted:
+                    deadline = inflight.until if deadline is None else min(deadline, inflight.until)
                 if lost:
                     self._cond.notify_all()  # the beater releases them
                 else:
@@ -210,10 +278,25 @@ class Keeper:
                 self._conn.close()
             self._conn = None
 
+    def _execute(self, query: bytes, args: list[Any], limit: float) -> list[Any]:
+        """Run one statement on the keeper's connection; the watchdog aborts it
+        after `limit` seconds (psycopg's blocking calls have no client timeout)."""
+        conn = self._connection()
+        with self._cond:
+            self._inflight = _InFlight(conn, time.monotonic() + limit)
+            self._cond.notify_all()  # the watchdog re-arms for the limit
+        try:
+            return conn.execute(query, args).fetchall()
+        finally:
+            with self._cond:
+                self._inflight = None
+
     def _beat(self, batch: list[HeldLease]) -> None:
         started = time.monotonic()
         try:
-            rows = self._connection().execute(self._q.heartbeat, self._core.args(batch)).fetchall()
+            rows = self._execute(
+                self._q.heartbeat, self._core.args(batch), self._core.beat_limit(batch, started)
+            )
         except (psycopg.Error, OSError) as exc:
             self._drop_connection()
             with self._cond:
@@ -227,7 +310,7 @@ class Keeper:
     def _release_quietly(self, claim: Claim) -> None:
         """Best effort: a lease lost by the local clock may still be current in the database."""
         try:
-            self._connection().execute(self._release_q, _release_args(claim))
+            self._execute(self._release_q, _release_args(claim), RELEASE_LIMIT)
         except psycopg.Error as exc:
             if exc.diag.sqlstate not in ("PGL03", "PGL04"):
                 self._drop_connection()
@@ -341,6 +424,23 @@ class AsyncKeeper:
             )
         return self._conn
 
+    async def _execute(
+        self, conn: psycopg.AsyncConnection[Any], query: bytes, args: list[Any], limit: float
+    ) -> list[Any]:
+        """Run one statement; after `limit` seconds its socket is shut down (see `_abort`)."""
+
+        def stuck() -> None:
+            self._core.stats.aborted += 1
+            log.warning("keeper statement outlasted its limit (dead connection?); reconnecting")
+            _abort(conn)
+
+        timer = self._loop.call_later(limit, stuck)
+        try:
+            cur = await conn.execute(query, args)
+            return await cur.fetchall()
+        finally:
+            timer.cancel()
+
     async def _drop_connection(self) -> None:
         if self._conn is not None:
             conn, self._conn = self._conn, None
@@ -351,13 +451,11 @@ class AsyncKeeper:
         started = time.monotonic()
         # A client-side bound too: a beat hung on a dead connection is abandoned
         # and retried on a new one before the trust windows close.
-        limit = max(0.05, min(lease.timing.interval for lease in batch))
+        limit = self._core.beat_limit(batch, started)
         try:
             async with asyncio.timeout(limit + self._connect_timeout):
                 conn = await self._connection()
-            async with asyncio.timeout(limit):
-                cur = await conn.execute(self._q.heartbeat, self._core.args(batch))
-                rows = await cur.fetchall()
+            rows = await self._execute(conn, self._q.heartbeat, self._core.args(batch), limit)
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._drop_connection()
             self._core.on_error(batch, exc)
@@ -367,9 +465,9 @@ class AsyncKeeper:
 
     async def _release_quietly(self, claim: Claim) -> None:
         try:
-            conn = await self._connection()
-            async with asyncio.timeout(5.0):
-                await conn.execute(self._release_q, _release_args(claim))
+            async with asyncio.timeout(RELEASE_LIMIT + self._connect_timeout):
+                conn = await self._connection()
+            await self._execute(conn, self._release_q, _release_args(claim), RELEASE_LIMIT)
         except psycopg.Error as exc:
             if exc.diag.sqlstate not in ("PGL03", "PGL04"):
                 await self._drop_connection()
