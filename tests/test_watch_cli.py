@@ -97,7 +97,7 @@ def test_watch_json_limit_and_prune(pg_store: PostgresStore, pg_dsn: str, schema
     assert "duration" in out.stderr
 
     out = _run(pg_dsn, schema, "watch", "--after", "bogus")
-    assert out.returncode != 0
+    assert out.returncode == 2
     assert "cursor" in out.stderr
 
 

@@ -7,8 +7,8 @@ import contextlib
 import sys
 import threading
 
-from ..cli_support import EXIT_OK, fail, open_store, print_json
-from ..errors import CursorExpiredError, PgleaseError
+from ..cli_support import EXIT_OK, EXIT_USAGE, fail, open_store, print_json
+from ..errors import CursorExpiredError, PgleaseError, ValidationError
 from ..types import Event, Owner
 from .prune import parse_duration, prune
 from .reaper import Reaper, reap_once
@@ -110,7 +110,7 @@ def format_event(event: Event) -> str:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
-        return fail("--limit must be at least 1", 2)
+        return fail("--limit must be at least 1", EXIT_USAGE)
     as_json = bool(getattr(args, "json", False))
     watcher: Watcher | None = None
     try:
@@ -140,6 +140,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
         return EXIT_OK
     except CursorExpiredError as exc:
         return fail(str(exc), EXIT_CURSOR_EXPIRED)
+    except ValidationError as exc:
+        return fail(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
         return fail(str(exc))
     return EXIT_OK
@@ -165,7 +167,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     try:
         owner = Owner.parse(args.owner or f"host:{socket.gethostname()}-{os.getpid()}")
     except ValueError as exc:
-        return fail(str(exc), 2)
+        return fail(str(exc), EXIT_USAGE)
     try:
         with open_store(args) as store:
             if args.once:
