@@ -479,3 +479,22 @@ async def test_async_get_batch(apg_store: AsyncPostgresStore) -> None:
         assert [e.type for e in got] == ["lease.claimed", "lease.released"]
         with pytest.raises(ValidationError):
             await w.get_batch(0.1, max_events=True)
+
+
+@pytest.mark.parametrize("mode", ["listen", "poll"])
+def test_hub_reconnects_and_catches_up(pg_store: PostgresStore, pg_dsn: str, mode: str) -> None:
+    rid = pg_store.ensure_resource("run", f"reconnect-{mode}")
+    with Watcher(pg_store, mode=mode, interval=0.05) as w:
+        cycle(pg_store, rid)
+        assert [e.revision for e in drain(w, 2)] == [1, 2]
+        hub = w._hub
+        assert hub is not None and hub._conn is not None
+        connects = hub.connects
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [hub._conn.info.backend_pid])
+        # Written while the hub's connection is gone: no NOTIFY reaches it.
+        cycle(pg_store, rid)
+        cycle(pg_store, rid)
+        assert [e.revision for e in drain(w, 4)] == [3, 4, 5, 6]
+        assert w.get(0.2) is None
+        assert hub.connects > connects
