@@ -85,7 +85,7 @@ def bump_variants(dsn: str, schema: str) -> dict[str, str]:
         ).fetchone()
     assert row is not None
     src = str(row[0])
-    cond = re.search(r"IF (pg_try_advisory_xact_lock\(.*?) THEN\s+PERFORM pg_notify", src, re.S)
+    cond = re.search(r"IF (NOT v_marked\s+OR pg_try_advisory_xact_lock\(.*?) THEN", src, re.S)
     assert cond, "unexpected _bump text"
     return {
         "coalesced": src,

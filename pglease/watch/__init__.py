@@ -34,12 +34,14 @@ One reader per process
 
 Coalesced NOTIFY (the hot-path cost)
     NOTIFY takes a cluster-wide lock from pre-commit to the end of commit; one
-    NOTIFY per operation halves claim/release throughput. In `_bump` a writer
-    notifies only if it wins ``pg_try_advisory_xact_lock(K1)``, so at most one
-    in-flight writer notifies. A loser (a "skipper") instead takes K2 in
-    shared mode (``pg_try_advisory_xact_lock_shared``, held to its commit) and
-    does not notify; nobody ever waits for either lock. If even K2 is not free
-    (a watcher probe holds it for an instant) the writer notifies itself.
+    NOTIFY per operation halves claim/release throughput. In `_bump` every
+    writer first takes K2 in shared mode (``pg_try_advisory_xact_lock_shared``,
+    held to its commit: "a writer is in flight"), then notifies only if it
+    wins ``pg_try_advisory_xact_lock(K1)``, so at most one in-flight writer
+    notifies; the losers ("skippers") rely on it. Nobody ever waits for either
+    lock. If even K2 is not free (a watcher probe holds it for an instant) the
+    writer notifies itself. (Migration 0006; 0002 took K2 only after losing
+    K1, which left a tiny window open.)
 
 Reads under load
     A read costs the server about as much as a write, so the hub does not read
@@ -50,27 +52,27 @@ Reads under load
 
 Why no event is stranded
     Each read (`watch_read`) first probes K2 (try-exclusive and release at
-    once: it fails while any skipper is in flight), then takes its snapshot.
-    The read is "held back" when the probe failed or the snapshot had a
-    transaction in progress (``xmin <> xmax``). While held back the hub
+    once: it fails while any writer that took K2 is in flight), then takes its
+    snapshot. The read is "held back" when the probe failed or the snapshot
+    had a transaction in progress (``xmin <> xmax``). While held back the hub
     re-polls after 1 ms (doubling up to 50 ms while nothing changes);
     otherwise it waits for a NOTIFY or the fallback interval (1 s default).
 
-    Take an event E of transaction X. (1) Any read that starts after X
-    obtained its xid and before E was read is held back: if X is a skipper
-    still in flight, the probe fails; otherwise X (or an older transaction
-    that holds E back) is in progress below the snapshot's xmax, or X has
-    finished and E is read. A skipper that finished before the probe
-    committed before the snapshot, so the snapshot sees E. So once such a read
+    Take an event E of transaction X. (1) A read whose probe runs after X took
+    K2 is held back until E has been read: while X is in flight the probe
+    fails; once X has committed (before the probe, so before the snapshot),
+    the snapshot either shows E readable or has an older transaction still in
+    progress below its xmax. Every re-poll is such a read, so once one
     happens, re-polls continue until E is delivered. (2) Such a read happens:
     if X notified, its NOTIFY arrives after X committed; if X skipped, the
-    notifier N held K1 when X tried it, after X got its xid (`_bump` writes
-    first), and N's NOTIFY is sent when N commits. The one gap: N rolls back
-    after X skipped and no other write follows; then the fallback poll
-    (``interval``) delivers E. NOTIFYs lost while disconnected are covered by
-    the catch-up read after every (re)connect. So every committed event is
-    delivered within ``interval`` of becoming readable, and within a re-poll
-    delay (about a millisecond) in the common case.
+    notifier N held K1 when X tried it, which was after X took K2, and N's
+    NOTIFY is sent when N commits, later still. (If X could not get K2 it
+    notified itself.) The one gap: N rolls back after X skipped and no other
+    write follows; then the fallback poll (``interval``) delivers E. NOTIFYs
+    lost while disconnected are covered by the catch-up read after every
+    (re)connect. So every committed event is delivered within ``interval`` of
+    becoming readable, and within a re-poll delay (about a millisecond) in the
+    common case.
 
 Poll-only mode
     ``mode="poll"`` uses the same hub and reading rule without LISTEN (for
