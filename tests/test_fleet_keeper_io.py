@@ -42,6 +42,10 @@ def test_keeper_tcp_settings_are_accepted(pg_dsn: str) -> None:
             with psycopg.connect(dsn, **_connect_kwargs(2.0)) as conn:
                 row = conn.execute("SHOW statement_timeout").fetchone()
                 assert row is not None and row[0] == "10s"
+                # Batches of every size share one prepared statement: never a
+                # generic plan (blind to the arrays' lengths) for them.
+                row = conn.execute("SHOW plan_cache_mode").fetchone()
+                assert row is not None and row[0] == "force_custom_plan"
 
 
 def test_sync_keeper_recovers_from_a_frozen_connection(pg_store: PostgresStore) -> None:

@@ -217,3 +217,40 @@ async def test_async_waiters_share_one_room_and_a_release_wakes_one(
     assert room.core.members == {}
     winner = next(iter(done)).result()
     await apg_store.release(winner)
+
+
+async def test_async_fair_waiters_in_one_loop_are_served_in_arrival_order(
+    apg_store: AsyncPostgresStore,
+) -> None:
+    rid = await apg_store.ensure_resource("fair", "ak")
+    holder = await apg_store.claim(rid, A, 60)
+    assert holder is not None
+    order: list[int] = []
+
+    async def waiter(n: int) -> None:
+        owner = Owner("host", f"w{n}")
+        c = await acquire_async(apg_store, "fair", "ak", owner, 30, timeout=60, fair=True)
+        order.append(n)
+        await asyncio.sleep(0.1)
+        await apg_store.release(c)
+
+    async def queued() -> int:
+        async with apg_store.connection() as conn:
+            cur = await conn.execute(
+                f'SELECT count(*) FROM "{apg_store.schema}".lease_waiters WHERE resource_id = %s',
+                [rid],
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+    tasks = []
+    for n in range(4):
+        tasks.append(asyncio.create_task(waiter(n)))
+        end = time.monotonic() + 30
+        while await queued() < n + 1:
+            assert time.monotonic() < end
+            await asyncio.sleep(0.02)
+    await apg_store.release(holder)
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert order == [0, 1, 2, 3]

@@ -34,7 +34,10 @@ Waiting
     `acquire`/`hold` wait for the holder's known expiry (a local delay computed
     from the database clock) or for a `lease.released`/`lease.expired` event
     from the watcher, never a fixed poll; ``fair=True`` serves waiters in
-    arrival order across hosts.
+    arrival order across hosts. The waiters of one process on one resource
+    share one watcher subscription (a waiting room, `_rooms`), and an event
+    wakes one of them: the oldest fair waiter, or the longest-waiting unfair
+    one. The others keep sleeping until their turn or the holder's expiry.
 """
 
 from ._keeper_core import KeeperStats

@@ -2,12 +2,13 @@
 
 Wake-ups, never a fixed poll: a waiter sleeps until the holder's known expiry
 (converted to a local delay from the database's own clock, read in the same
-round trip) or until the watcher reports a `lease.released` / `lease.expired`
-event on the resource, whichever comes first. The watcher is reached through
-a small seam (`_SyncWake`/`_AsyncWake`): if `pglease.watch` is missing or fails,
-waiters fall back to the expiry timer plus a coarse re-check every
-`FALLBACK_POLL` seconds, since a release would otherwise go unnoticed until
-the expiry.
+round trip) or until a `lease.released` / `lease.expired` event on the resource
+wakes it, whichever comes first. Events reach waiters through the process's
+waiting room for the resource (`_rooms`): one watcher subscription shared by
+all waiters of the process, one waiter woken per event. If `pglease.watch` is
+missing or fails, waiters fall back to the expiry timer plus a coarse re-check
+every `FALLBACK_POLL` seconds, since a release would otherwise go unnoticed
+until the expiry.
 
 Fairness (``fair=True``): the waiter enqueues in the resource's queue
 (`claim_fair`, migration 0005) and may claim only as the head of the live
