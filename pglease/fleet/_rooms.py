@@ -183,8 +183,8 @@ class SyncRoom:
     def leave(self, member: Member, won: bool) -> None:
         with self.lock:
             nxt = self.core.leave(member, won)
-        if nxt is not None:
-            nxt.flag.set()
+            if nxt is not None:
+                nxt.flag.set()
 
     def wait(self, member: Member, seconds: float | None, fallback: float) -> None:
         """Sleep until woken or `seconds` pass (a broken room: re-check every `fallback`)."""
@@ -215,9 +215,11 @@ class SyncRoom:
                     self._break()
                     return
                 with self.lock:
+                    # Set under the lock: a member leaving concurrently then
+                    # sees the wake-up it got and passes it on (`RoomCore.leave`).
                     nxt = self.core.on_event() if event is not None else None
-                if nxt is not None:
-                    nxt.flag.set()
+                    if nxt is not None:
+                        nxt.flag.set()
                 if self._retire_if_idle():
                     return
         finally:
