@@ -10,11 +10,11 @@ import asyncio
 import os
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import PgleaseError
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
@@ -23,6 +23,10 @@ from .store import SqliteStore
 
 T = TypeVar("T")
 AsyncApply = Callable[[sqlite3.Connection], Awaitable[T]]
+
+
+if TYPE_CHECKING:
+    from .watch import AsyncSqliteWatcher
 
 
 class AsyncSqliteStore:
@@ -193,6 +197,28 @@ class AsyncSqliteStore:
     async def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
         """Committed events after `cursor`, as `SqliteStore.events_after`."""
         return await asyncio.to_thread(self.sync_store.events_after, cursor, limit)
+
+    def watch(
+        self,
+        *,
+        after: str | None = "now",
+        types: Iterable[str] | str | None = None,
+        resources: Iterable[str] | str | None = None,
+        event_types: Iterable[str] | str | None = None,
+        interval: float = 0.05,
+    ) -> AsyncSqliteWatcher:
+        """Stream committed events from `after` (a cursor, "now" or "start") by polling
+        the event table every `interval` seconds; see `pglease.sqlite.watch`."""
+        from .watch import AsyncSqliteWatcher
+
+        return AsyncSqliteWatcher(
+            self,
+            after=after,
+            types=types,
+            resources=resources,
+            event_types=event_types,
+            interval=interval,
+        )
 
 
 async def _call(apply: AsyncApply[T], conn: sqlite3.Connection) -> T:

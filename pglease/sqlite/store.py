@@ -18,11 +18,11 @@ import hashlib
 import hmac
 import os
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _common
 from ..cursors import decode_cursor
@@ -80,6 +80,10 @@ def _parse_event(row: Sequence[Any]) -> Event:
     r = list(row)
     r[10], r[13] = opt_from_us(r[10]), from_us(r[13])
     return _common.parse_event(r)
+
+
+if TYPE_CHECKING:
+    from .watch import SqliteWatcher
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +170,17 @@ def _bump(
         "INSERT INTO events (resource_id, revision, type, actor_type, actor_id,"
         " lease_generation, lease_expires_at, payload_sha256, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (rid, row[0], event_type, actor_type, actor_id, generation, expires_at, payload_sha256,
-         now),
+        (
+            rid,
+            row[0],
+            event_type,
+            actor_type,
+            actor_id,
+            generation,
+            expires_at,
+            payload_sha256,
+            now,
+        ),
     )
     assert cur.lastrowid is not None
     return int(row[0]), cur.lastrowid
@@ -176,8 +189,7 @@ def _bump(
 def _store_payload(conn: sqlite3.Connection, body: str, now: int) -> bytes:
     sha = hashlib.sha256(body.encode("utf-8")).digest()
     cur = conn.execute(
-        "INSERT INTO payloads (sha256, body, created_at) VALUES (?, ?, ?)"
-        " ON CONFLICT DO NOTHING",
+        "INSERT INTO payloads (sha256, body, created_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
         (sha, body, now),
     )
     if cur.rowcount == 0:
@@ -279,8 +291,9 @@ class SqliteStore:
                 " WHERE resource_id = ?",
                 (generation, otype, oid, token_sha, t, t, expires, rid),
             )
-            revision, _ = _bump(conn, rid, t, "lease.claimed", otype, oid, generation, expires,
-                                None)
+            revision, _ = _bump(
+                conn, rid, t, "lease.claimed", otype, oid, generation, expires, None
+            )
         return Claim(rid, owner, token, generation, from_us(expires), revision)
 
     def renew(
@@ -305,8 +318,9 @@ class SqliteStore:
                 "UPDATE leases SET heartbeat_at = ?, expires_at = ? WHERE resource_id = ?",
                 (t, expires, rid),
             )
-            revision, _ = _bump(conn, rid, t, "lease.renewed", otype, oid, generation, expires,
-                                None)
+            revision, _ = _bump(
+                conn, rid, t, "lease.renewed", otype, oid, generation, expires, None
+            )
         return replace(claim, expires_at=from_us(expires), revision=revision)
 
     def release(
@@ -326,8 +340,7 @@ class SqliteStore:
                 " expires_at = NULL, heartbeat_at = ? WHERE resource_id = ?",
                 (t, rid),
             )
-            revision, _ = _bump(conn, rid, t, "lease.released", otype, oid, generation, None,
-                                None)
+            revision, _ = _bump(conn, rid, t, "lease.released", otype, oid, generation, None, None)
         return revision
 
     def mutate(
@@ -348,8 +361,9 @@ class SqliteStore:
         back: no revision bump, no event, no payload.
         """
         args = _common.mutate_args(permit, event_type, payload, actor, now)
-        (rid, expected, etype, otype, oid, generation, token_sha, atype, aid, body,
-         given_now) = args
+        (rid, expected, etype, otype, oid, generation, token_sha, atype, aid, body, given_now) = (
+            args
+        )
         with self._db.write() as conn:
             lease = _lock_lease(conn, rid)
             t = clock_us(given_now)
@@ -368,8 +382,17 @@ class SqliteStore:
                         f" {from_us(lease.expires_at).isoformat()}; unleased writes are refused"
                     )
             sha = _store_payload(conn, body, t) if body is not None else None
-            revision, event_id = _bump(conn, rid, t, etype, atype, aid,
-                                       generation if token_sha is not None else None, None, sha)
+            revision, event_id = _bump(
+                conn,
+                rid,
+                t,
+                etype,
+                atype,
+                aid,
+                generation if token_sha is not None else None,
+                None,
+                sha,
+            )
             value = _run_apply(conn, apply) if apply is not None else None
         return MutationResult(rid, revision, event_id, value)
 
@@ -407,9 +430,10 @@ class SqliteStore:
                 " ORDER BY e.revision LIMIT ?",
                 (rid, after, lim),
             ).fetchall()
-            if not rows and not conn.execute(
-                "SELECT 1 FROM resources WHERE id = ?", (rid,)
-            ).fetchone():
+            if (
+                not rows
+                and not conn.execute("SELECT 1 FROM resources WHERE id = ?", (rid,)).fetchone()
+            ):
                 raise UnknownResourceError(f"unknown resource {rid}")
         return [_parse_event(r) for r in rows]
 
@@ -430,6 +454,28 @@ class SqliteStore:
                 (position.event_id, lim),
             ).fetchall()
         return [_parse_event(r) for r in rows]
+
+    def watch(
+        self,
+        *,
+        after: str | None = "now",
+        types: Iterable[str] | str | None = None,
+        resources: Iterable[str] | str | None = None,
+        event_types: Iterable[str] | str | None = None,
+        interval: float = 0.05,
+    ) -> SqliteWatcher:
+        """Stream committed events from `after` (a cursor, "now" or "start") by polling
+        the event table every `interval` seconds; see `pglease.sqlite.watch`."""
+        from .watch import SqliteWatcher
+
+        return SqliteWatcher(
+            self,
+            after=after,
+            types=types,
+            resources=resources,
+            event_types=event_types,
+            interval=interval,
+        )
 
 
 def _refuse_transaction_control(action: int, *_args: str | None) -> int:
