@@ -89,6 +89,8 @@ def check_owner_id(value: object) -> str:
 
 def check_ttl(value: object) -> float:
     """Return the TTL in seconds; reject zero, negative, NaN, infinite and huge."""
+    if type(value) is float and MIN_TTL_SECONDS <= value <= MAX_TTL_SECONDS:
+        return value  # the common case, without the ABC check below
     if isinstance(value, bool) or not isinstance(value, Real):
         raise InvalidTTLError(f"ttl must be a number of seconds, got {type(value).__name__}")
     ttl = float(value)

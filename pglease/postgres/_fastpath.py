@@ -65,6 +65,9 @@ class FastPath:
             RELEASE: f"SELECT revision FROM {s}.release("
             "$1, $2, $3, $4::bigint, $5, $6::bigint, $7::timestamptz)",
         }
+        # Text for every parameter but the token hash (bytea, sent as binary).
+        self._formats = {CLAIM: [0, 0, 0, 1, 0, 0, 0], RENEW: [0, 0, 0, 0, 1, 0, 0, 0],
+                         RELEASE: [0, 0, 0, 0, 1, 0, 0]}  # fmt: skip
         self._prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
@@ -79,7 +82,7 @@ class FastPath:
         if conn not in self._prepared:
             self._prepare(conn)
         values = [_encode(a) for a in args]
-        formats = [1 if type(a) is bytes else 0 for a in args]
+        formats = self._formats[name]
         # libpq takes NULL parameters as None; the stub does not say so.
         result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
         if result.status != _TUPLES_OK:
