@@ -8,13 +8,12 @@ PostgreSQL. Here each call is one `exec_prepared` on the borrowed connection
 with text parameters, the token hash in binary, and a result of a few text
 columns; timestamps come back as integer microseconds so they convert exactly.
 
-The statements are prepared lazily on each pooled connection, and again
-whenever the server says they are gone (a reconnect, or a DEALLOCATE ALL).
+The statements are prepared when the server says they do not exist: on a
+connection's first call, after a reconnect, or after a DEALLOCATE ALL.
 """
 
 from __future__ import annotations
 
-import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -68,27 +67,23 @@ class FastPath:
         # Text for every parameter but the token hash (bytea, sent as binary).
         self._formats = {CLAIM: [0, 0, 0, 1, 0, 0, 0], RENEW: [0, 0, 0, 0, 1, 0, 0, 0],
                          RELEASE: [0, 0, 0, 0, 1, 0, 0]}  # fmt: skip
-        self._prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
         for name, text in self.statements.items():
             result = conn.pgconn.prepare(name, text.encode())
             if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
                 _check(conn, result, pq.ExecStatus.COMMAND_OK)
-        self._prepared.add(conn)
 
     def call(self, conn: psycopg.Connection[Any], name: bytes, args: list[Any]) -> list[bytes]:
         """Run one prepared call and return its single row as raw text values."""
-        if conn not in self._prepared:
-            self._prepare(conn)
         values = [_encode(a) for a in args]
         formats = self._formats[name]
         # libpq takes NULL parameters as None; the stub does not say so.
         result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
         if result.status != _TUPLES_OK:
             if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
-                # psycopg sends DEALLOCATE ALL after a rollback on the same connection
-                # (e.g. a failed mutate), which drops these statements too.
+                # First use on this connection, or psycopg sent DEALLOCATE ALL after
+                # a rollback (e.g. a failed mutate), which drops these statements too.
                 self._prepare(conn)
                 result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
             _check(conn, result, _TUPLES_OK)
