@@ -34,9 +34,9 @@ Apply = Callable[[psycopg.Connection[Any]], T]
 class PostgresStore:
     """Leases, revisions and the event log in one PostgreSQL schema.
 
-    Connections come from a psycopg-pool in autocommit mode, so claim, renew and
-    release are one round trip each. Close the store (or use it as a context
-    manager) to close the pool.
+    Connections come from a psycopg-pool in autocommit mode and are reused
+    LIFO; claim, renew and release are one prepared-statement round trip each.
+    Close the store (or use it as a context manager) to close the pool.
     """
 
     def __init__(
@@ -71,7 +71,11 @@ class PostgresStore:
             open=False,
             name=f"pglease-{schema}",
         )
-        self._pool.open(wait=True, timeout=connect_timeout)
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except BaseException:
+            self._pool.close()  # stop its worker threads; the caller gets the error
+            raise
         self._conns = ConnectionStack(self._pool)
 
     def __enter__(self) -> PostgresStore:
