@@ -15,6 +15,8 @@ import psycopg
 import pytest
 
 from pglease import (
+    AsyncPostgresStore,
+    LeaseLostError,
     MigrationChecksumError,
     MigrationError,
     Owner,
@@ -179,3 +181,15 @@ def test_hot_path_survives_deallocate_all(pg_store: PostgresStore) -> None:
         conn.execute("DEALLOCATE ALL")
     claim = pg_store.renew(claim, 30)
     assert pg_store.release(claim) == 3
+
+
+async def test_async_hot_path_survives_deallocate_all(apg_store: AsyncPostgresStore) -> None:
+    rid = await apg_store.ensure_resource("run", "dealloc")
+    claim = await apg_store.claim(rid, Owner("host", "a"), 30)
+    assert claim is not None
+    async with apg_store.connection() as conn:
+        await conn.execute("DEALLOCATE ALL")
+    claim = await apg_store.renew(claim, 30)
+    assert await apg_store.release(claim) == 3
+    with pytest.raises(LeaseLostError):
+        await apg_store.release(claim)

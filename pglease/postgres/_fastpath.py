@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from psycopg import generators, pq
 from psycopg.errors import error_from_result
 
 from . import _core
@@ -90,7 +90,45 @@ class FastPath:
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
 
 
-def _check(conn: psycopg.Connection[Any], result: pq.abc.PGresult, expected: int) -> None:
+class AsyncFastPath(FastPath):
+    """The same prepared calls on an `AsyncConnection`, without blocking the loop:
+    libpq's non-blocking send plus psycopg's own wait (which also cancels the
+    query server-side when the task is interrupted)."""
+
+    async def _exec(
+        self, conn: psycopg.AsyncConnection[Any], name: bytes, values: list[Any], formats: list[int]
+    ) -> pq.abc.PGresult:
+        conn.pgconn.send_query_prepared(name, values, formats)
+        results: list[pq.abc.PGresult] = await conn.wait(generators.execute(conn.pgconn))
+        return results[-1]
+
+    async def _prepare_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        for name, text in self.statements.items():
+            conn.pgconn.send_prepare(name, text.encode())
+            result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
+            if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
+                _check(conn, result, pq.ExecStatus.COMMAND_OK)
+
+    async def call_async(
+        self, conn: psycopg.AsyncConnection[Any], name: bytes, args: list[Any]
+    ) -> list[bytes]:
+        """Asyncio twin of `FastPath.call`."""
+        values = [_encode(a) for a in args]
+        formats = self._formats[name]
+        result = await self._exec(conn, name, values, formats)
+        if result.status != _TUPLES_OK:
+            if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
+                await self._prepare_async(conn)
+                result = await self._exec(conn, name, values, formats)
+            _check(conn, result, _TUPLES_OK)
+        return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+
+
+def _check(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    result: pq.abc.PGresult,
+    expected: int,
+) -> None:
     if result.status == expected:
         return
     if conn.pgconn.status == pq.ConnStatus.BAD:

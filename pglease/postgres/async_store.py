@@ -21,6 +21,7 @@ from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import check_resource_id, check_resource_type, check_schema_name
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
+from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, from_micros
 
 if TYPE_CHECKING:
     from ..fleet import AsyncElection, AsyncHeldLease, Leader
@@ -47,6 +48,7 @@ class AsyncPostgresStore:
         self.schema = check_schema_name(schema)
         self._dsn = dsn
         self._q = Queries(schema)
+        self._fast = AsyncFastPath(schema)
         self._min_size = min_size
         self._max_size = max_size
         self._auto_migrate = auto_migrate
@@ -135,8 +137,16 @@ class AsyncPostgresStore:
         *,
         now: datetime | None = None,
     ) -> Claim | None:
+        """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
-        return _core.parse_claim(resource_id, owner, token, await self._one(self._q.claim, args))
+        async with self.pool.connection() as conn:
+            row = await self._fast.call_async(conn, CLAIM, args)
+        claimed, generation, expires_at, revision = row
+        if claimed != b"t":
+            return None
+        return Claim(
+            resource_id, owner, token, int(generation), from_micros(expires_at), int(revision)
+        )
 
     async def renew(
         self,
@@ -146,15 +156,20 @@ class AsyncPostgresStore:
         *,
         now: datetime | None = None,
     ) -> Claim:
+        """Extend a current, unexpired lease; return the updated claim."""
         args = _core.renew_args(claim, ttl, expected_revision, now)
-        expires_at, revision = await self._one(self._q.renew, args)
-        return replace(claim, expires_at=expires_at, revision=revision)
+        async with self.pool.connection() as conn:
+            expires_at, revision = await self._fast.call_async(conn, RENEW, args)
+        return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
     async def release(
         self, claim: Claim, expected_revision: int | None = None, *, now: datetime | None = None
     ) -> int:
+        """Give up a current lease (expired or not); return the new revision."""
         args = _core.release_args(claim, expected_revision, now)
-        return int((await self._one(self._q.release, args))[0])
+        async with self.pool.connection() as conn:
+            (revision,) = await self._fast.call_async(conn, RELEASE, args)
+        return int(revision)
 
     async def mutate(
         self,
