@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ._conveniences import ConvenienceWrites
 from .branch_index import BranchIndexStore, BranchQuery, BranchRow, Segment, index_entry
 from .branch_index import scan_branch as _scan_branch
 from .errors import (
@@ -31,7 +32,6 @@ from .model import (
     AddUsage,
     AppendEntry,
     CommitResult,
-    DeleteRegister,
     Entry,
     LeaseInfo,
     Register,
@@ -356,7 +356,7 @@ def _renew_loop(ref: weakref.ref[SqliteSession], stop: threading.Event, interval
             del handle
 
 
-class SqliteSession:
+class SqliteSession(ConvenienceWrites):
     """A writer handle on one session file, holding its writer lease.
 
     Created by `SessionRepository.create/open/fork`. The lease is renewed by a
@@ -597,27 +597,6 @@ class SqliteSession:
         entry = self.get_entry(result.ids[0] or "")
         assert entry is not None
         return entry
-
-    def append_message(
-        self,
-        parent_id: str | None,
-        message: Any,
-        *,
-        terminate: bool | None = None,
-        id: str | None = None,
-    ) -> Entry:
-        payload: dict[str, Any] = {"message": message}
-        if terminate is not None:
-            payload["terminate"] = terminate
-        return self.append_entry("message", parent_id, payload, id=id)
-
-    def set_register(self, namespace: str, key: str, value: Any) -> int:
-        """Upsert a register; returns the seq it was written at."""
-        return self.commit([SetRegister(namespace, key, value)]).first_seq
-
-    def delete_register(self, namespace: str, key: str) -> int:
-        """Delete a register (no tombstone); the delete still takes a seq."""
-        return self.commit([DeleteRegister(namespace, key)]).first_seq
 
     def add_usage(
         self,
