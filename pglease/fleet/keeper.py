@@ -262,13 +262,17 @@ class Keeper:
                 if self._closed:
                     return
                 now = time.monotonic()
-                self._core.sweep(now)  # lost leases are never renewed again
+                # Lost leases are never renewed again. Whichever thread sweeps a
+                # lease first must signal its loss: the watchdog will not see it.
+                lost = self._core.sweep(now)
                 to_release, self._core.to_release = self._core.to_release, []
                 batch = self._core.due_batch(now)
                 if not batch and not to_release:
                     due = self._core.next_due()
                     self._cond.wait(None if due is None else max(0.0, due - now))
                     continue
+            for lease in lost:
+                lease._lose(TRUST_CLOSED)
             for lease in to_release:
                 self._release_quietly(lease.claim)
             if batch:
@@ -404,7 +408,8 @@ class AsyncKeeper:
     async def _run(self) -> None:
         while not self._closed:
             now = time.monotonic()
-            self._core.sweep(now)
+            for lease in self._core.sweep(now):  # signal it whoever noticed first
+                lease._lose(TRUST_CLOSED)
             to_release, self._core.to_release = self._core.to_release, []
             for lease in to_release:
                 await self._release_quietly(lease.claim)
