@@ -72,7 +72,7 @@ class FastPath:
         for name, text in self.statements.items():
             result = conn.pgconn.prepare(name, text.encode())
             if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
-                _check(conn, result, pq.ExecStatus.COMMAND_OK)
+                check_result(conn, result, pq.ExecStatus.COMMAND_OK)
 
     def call(self, conn: psycopg.Connection[Any], name: bytes, args: list[Any]) -> list[bytes]:
         """Run one prepared call and return its single row as raw text values."""
@@ -86,7 +86,7 @@ class FastPath:
                 # a rollback (e.g. a failed mutate), which drops these statements too.
                 self._prepare(conn)
                 result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
-            _check(conn, result, _TUPLES_OK)
+            check_result(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
 
 
@@ -107,7 +107,7 @@ class AsyncFastPath(FastPath):
             conn.pgconn.send_prepare(name, text.encode())
             result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
             if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
-                _check(conn, result, pq.ExecStatus.COMMAND_OK)
+                check_result(conn, result, pq.ExecStatus.COMMAND_OK)
 
     async def call_async(
         self, conn: psycopg.AsyncConnection[Any], name: bytes, args: list[Any]
@@ -120,11 +120,11 @@ class AsyncFastPath(FastPath):
             if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
                 await self._prepare_async(conn)
                 result = await self._exec(conn, name, values, formats)
-            _check(conn, result, _TUPLES_OK)
+            check_result(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
 
 
-def _check(
+def check_result(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     result: pq.abc.PGresult,
     expected: int,

@@ -48,6 +48,11 @@ class WatchQueries:
             "SELECT * FROM {s}.watch_read(%s::text::xid8, %s::bigint, %s::text::xid8,"
             " %s::bigint, %s::integer)"
         )
+        # The same read as a libpq prepared statement (the hub's own connection).
+        self.read_prepared = q(
+            "SELECT * FROM {s}.watch_read($1::text::xid8, $2::bigint, $3::text::xid8,"
+            " $4::bigint, $5::integer)"
+        )
         self.frontier = q(
             "SELECT pg_snapshot_xmin(pg_current_snapshot())::text,"
             " pruned_xid::text, pruned_id FROM {s}.event_horizon"
@@ -235,7 +240,8 @@ class WatchState:
         self.catching_up = False
         self.pending: deque[Event] = deque()
         #: The last event handed out (None: nothing yet, `_start` applies).
-        self._last: Event | None = None
+        #: Public so that the watchers' per-event fast paths can set it inline.
+        self.last: Event | None = None
         self._start = position
         #: A watcher that failed (cursor expired) keeps failing: continuing
         #: would skip the deleted events silently.
@@ -246,7 +252,7 @@ class WatchState:
         # Events read but not yet handed out must not be skipped on resume.
         if not self.pending:
             return encode_cursor(self.position)
-        return self._last.cursor if self._last is not None else encode_cursor(self._start)
+        return self.last.cursor if self.last is not None else encode_cursor(self._start)
 
     def on_message(self, message: Message) -> None:
         if isinstance(message, Failure):
@@ -263,6 +269,13 @@ class WatchState:
         self._take(message.events, message.positions)
         if message.tip > self.position:
             self.position = message.tip
+
+    def rejoin(self, tip: Position) -> None:
+        """The mailbox dropped batches up to `tip` (we fell behind): read that
+        span from the log ourselves, then take the stream again after it.
+        Called only with nothing pending, like `on_message`."""
+        self.join = tip
+        self.catching_up = self.position < tip
 
     def on_page(self, page: Page) -> None:
         """A catch-up page read from our position up to `join`."""
@@ -312,13 +325,13 @@ class WatchState:
         if n <= 0:
             return []
         out = [self.pending.popleft() for _ in range(n)]
-        self._last = out[-1]
+        self.last = out[-1]
         return out
 
     def next_event(self) -> Event | None:
         if self.pending:
             event = self.pending.popleft()
-            self._last = event
+            self.last = event
             return event
         return None
 

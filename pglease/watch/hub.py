@@ -16,10 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
+from psycopg.abc import Transformer as AdaptContextTransformer
+from psycopg.adapt import Transformer
 
 from ..cursors import Position
 from ..errors import CursorExpiredError
+from ..postgres._fastpath import check_result
 from ._core import (
     END,
     PAGE,
@@ -27,6 +30,7 @@ from ._core import (
     Failure,
     Message,
     Mode,
+    Page,
     Start,
     WatchQueries,
     channel_name,
@@ -41,10 +45,21 @@ Deliver = Callable[[Message], None]
 MIN_REPOLL = 0.001
 MAX_REPOLL = 0.05
 RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
-#: After a read that returned several events, the next read waits this much
-#: per extra event, up to MAX_BATCH_GAP (adds at most that much latency).
-BATCH_GAP_PER_EVENT = 0.0005
-MAX_BATCH_GAP = 0.008
+#: Under load the hub spaces its reads instead of reading once per NOTIFY:
+#: each read costs the server about as much as a write, and each batch costs
+#: every subscriber a wake-up. The next read starts no earlier than
+#: ``rate x READ_SPACING_PER_EVENT`` seconds after the previous one (``rate``:
+#: recent events per second), at most MAX_READ_SPACING, which bounds the delay
+#: this adds. Below LIGHT_RATE events/s reads are never spaced.
+READ_SPACING_PER_EVENT = 2e-6
+MAX_READ_SPACING = 0.008
+LIGHT_RATE = 500.0
+#: Weight of the newest read in the event-rate estimate.
+RATE_SMOOTHING = 0.2
+#: The name of the hub's prepared read on its own connection.
+READ_STATEMENT = b"pglease_watch_read"
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
 
 
 class Hub:
@@ -66,6 +81,7 @@ class Hub:
         self._tip: Position | None = None
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
+        self._loader: AdaptContextTransformer | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"pglease-watch-{schema}", daemon=True
         )
@@ -139,6 +155,11 @@ class Hub:
             # LISTEN first (it commits at once in autocommit), then read: any
             # event committed after this point either is read now or notifies.
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(self.schema))))
+        # The read goes straight through libpq as a prepared statement, its rows
+        # loaded by psycopg's C loaders: psycopg's cursor machinery would cost
+        # more client CPU per read than the server spends on it.
+        check_result(conn, conn.pgconn.prepare(READ_STATEMENT, self._q.read_prepared), _COMMAND_OK)
+        self._loader = Transformer.from_context(conn)
         if self._tip is None:
             row = conn.execute(self._q.frontier).fetchone()
             assert row is not None
@@ -147,15 +168,22 @@ class Hub:
                 for deliver in self._subscribers.values():
                     deliver(Start(self._tip))
         repoll = MIN_REPOLL
+        # Smoothed events per read and seconds between reads: their ratio is the
+        # recent event rate (a ratio of averages, so that two reads an instant
+        # apart do not read as a burst).
+        per_read = 0.0
+        between = 1.0
+        last = time.monotonic()
         while not self._stop.is_set():
             started = time.monotonic()
             progressed, held_back, count = self._read_all(conn)
-            if count > 1:
-                # A burst: under heavy write load, read in bigger batches instead
-                # of once per NOTIFY; each read costs the server as much as a
-                # write. Light load (one event per read) is not delayed.
-                gap = min(MAX_BATCH_GAP, (count - 1) * BATCH_GAP_PER_EVENT)
-                self._stop.wait(max(0.0, started + gap - time.monotonic()))
+            per_read += RATE_SMOOTHING * (count - per_read)
+            between += RATE_SMOOTHING * (started - last - between)
+            last = started
+            rate = per_read / max(between, 1e-6)
+            if rate > LIGHT_RATE:
+                spacing = min(MAX_READ_SPACING, rate * READ_SPACING_PER_EVENT)
+                self._stop.wait(max(0.0, started + spacing - time.monotonic()))
             if held_back:
                 repoll = MIN_REPOLL if progressed else min(repoll * 2, MAX_REPOLL)
                 timeout = repoll
@@ -184,9 +212,7 @@ class Hub:
         count = 0
         while True:
             assert self._tip is not None
-            rows = conn.execute(self._q.read, read_args(self._tip, END, PAGE)).fetchall()
-            self.reads += 1
-            page = parse_page(rows, PAGE)
+            page = self._read(conn, self._tip)
             if self._tip < page.horizon:
                 # Pruned past what we read (we were away longer than the
                 # retention): every subscriber missed events.
@@ -214,6 +240,16 @@ class Hub:
             count += len(page.events)
             if not page.full:
                 return progressed, page.held_back, count
+
+    def _read(self, conn: psycopg.Connection[Any], after: Position) -> Page:
+        args = [str(arg).encode() for arg in read_args(after, END, PAGE)]
+        result = conn.pgconn.exec_prepared(READ_STATEMENT, args)
+        check_result(conn, result, _TUPLES_OK)
+        self.reads += 1
+        loader = self._loader
+        assert loader is not None
+        loader.set_pgresult(result)
+        return parse_page(loader.load_rows(0, result.ntuples, tuple), PAGE)
 
     def _broadcast(self, message: Message) -> None:
         with self._lock:

@@ -33,6 +33,14 @@ from ._core import (
     parse_page,
     read_args,
 )
+from .mailbox import (
+    DEFAULT_MAX_PENDING,
+    OVERFLOW,
+    AsyncMailbox,
+    Item,
+    SyncMailbox,
+    check_max_pending,
+)
 
 #: Fallback poll in listen mode (a bound on latency if a wake-up is lost).
 DEFAULT_FALLBACK_INTERVAL = 1.0
@@ -77,8 +85,10 @@ class _Base:
         event_types: Iterable[str] | str | None,
         mode: str,
         interval: float | None,
+        max_pending: int,
     ) -> None:
         self.mode: Mode = check_mode(mode)
+        self.max_pending = check_max_pending(max_pending)
         default = DEFAULT_FALLBACK_INTERVAL if self.mode == "listen" else DEFAULT_POLL_INTERVAL
         self.interval = check_interval(default if interval is None else interval, "interval")
         self._filters = Filters.build(types, resources, event_types)
@@ -90,6 +100,7 @@ class _Base:
         self._hub: _hub.Hub | None = None
         self._sub = 0
         self._closed = False
+        self._mailbox: SyncMailbox | AsyncMailbox | None = None
 
     @property
     def cursor(self) -> str:
@@ -115,6 +126,19 @@ class _Base:
         assert state.join is not None
         return read_args(state.position, state.join, PAGE)
 
+    @property
+    def overflows(self) -> int:
+        """How often this watcher fell `max_pending` events behind the stream
+        and read the missed span from the log instead (nothing is lost)."""
+        return self._mailbox.overflows if self._mailbox is not None else 0
+
+    def _on_item(self, state: WatchState, item: Item) -> None:
+        if item is OVERFLOW:
+            assert self._mailbox is not None
+            state.rejoin(self._mailbox.rejoin())
+        elif item is not None:
+            state.on_message(item)  # type: ignore[arg-type]
+
 
 class Watcher(_Base):
     """Stream committed events, in log order, from `after` on.
@@ -125,8 +149,13 @@ class Watcher(_Base):
     is yielded. `mode="poll"` never LISTENs (PgBouncer transaction pooling);
     `interval` is then the poll period, in listen mode the fallback poll.
 
-    Iterate it, or call `get(timeout)`. Raises `CursorExpiredError` when the
-    cursor is older than the prune horizon.
+    Iterate it, or call `get(timeout)` / `get_batch(timeout)`. Raises
+    `CursorExpiredError` when the cursor is older than the prune horizon.
+
+    The process hub never waits for a consumer: once `max_pending` events are
+    queued for this watcher, it stops queueing and the watcher, when it gets
+    there, reads the missed span from the log itself. Memory stays bounded and
+    nothing is lost; a slow consumer just pays for its own reads.
     """
 
     def __init__(
@@ -139,10 +168,11 @@ class Watcher(_Base):
         event_types: Iterable[str] | str | None = None,
         mode: str = "listen",
         interval: float | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
-        super().__init__(store, after, types, resources, event_types, mode, interval)
+        super().__init__(store, after, types, resources, event_types, mode, interval, max_pending)
         self._store = store
-        self._queue: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        mailbox = self._mailbox = SyncMailbox(self.max_pending)
         position = self._position
         if position is None:
             with store.connection() as conn:
@@ -150,7 +180,8 @@ class Watcher(_Base):
             assert row is not None
             position = parse_frontier(row)[0]
         self._state = WatchState(position, self._from_start, self._filters)
-        self._subscribe(self._queue.put)
+        self._sync_mailbox = mailbox
+        self._subscribe(mailbox.deliver)
 
     def __enter__(self) -> Watcher:
         return self
@@ -162,19 +193,25 @@ class Watcher(_Base):
         """Stop watching; a blocked `get`/iteration returns. Safe from any thread."""
         if not self._closed:
             self._closed = True
-            self._queue.put(None)
+            self._sync_mailbox.close()
             self._unsubscribe()
 
     def __iter__(self) -> Iterator[Event]:
         return self
 
     def __next__(self) -> Event:
+        # Fast path: an event already at hand (most calls under load).
+        state = self._state
+        if state is not None and state.pending and not self._closed:
+            event = state.pending.popleft()
+            state.last = event
+            return event
         try:
-            event = self.get()
+            got = self.get()
         except WatchClosedError:
             raise StopIteration from None
-        assert event is not None
-        return event
+        assert got is not None
+        return got
 
     def get(self, timeout: float | None = None) -> Event | None:
         """The next event, or None after `timeout` seconds (None: wait forever)."""
@@ -208,11 +245,10 @@ class Watcher(_Base):
                 state.on_page(parse_page(rows, PAGE))
                 continue
             try:
-                message = self._queue.get(timeout=_SLICE if left is None else min(left, _SLICE))
+                item = self._sync_mailbox.get(_SLICE if left is None else min(left, _SLICE))
             except queue.Empty:
                 continue
-            if message is not None:
-                state.on_message(message)
+            self._on_item(state, item)
 
     def get_batch(self, timeout: float | None = None, max_events: int = 10_000) -> list[Event]:
         """Every event already at hand (at least one), or [] after `timeout`.
@@ -246,10 +282,11 @@ class AsyncWatcher(_Base):
         event_types: Iterable[str] | str | None = None,
         mode: str = "listen",
         interval: float | None = None,
+        max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
-        super().__init__(store, after, types, resources, event_types, mode, interval)
+        super().__init__(store, after, types, resources, event_types, mode, interval, max_pending)
         self._store = store
-        self._aqueue: asyncio.Queue[Message | None] | None = None
+        self._amailbox: AsyncMailbox | None = None
         self._fanout: _LoopFanout | None = None
         self._member = 0
 
@@ -267,11 +304,10 @@ class AsyncWatcher(_Base):
             assert row is not None
             position = parse_frontier(row)[0]
         self._state = WatchState(position, self._from_start, self._filters)
-        aqueue: asyncio.Queue[Message | None] = asyncio.Queue()
-        self._aqueue = aqueue
+        mailbox = self._mailbox = self._amailbox = AsyncMailbox(self.max_pending)
         key = (self._dsn, self._schema, self.mode, self.interval)
         self._fanout = _LoopFanout.get(asyncio.get_running_loop(), key)
-        self._member = self._fanout.join(aqueue)
+        self._member = self._fanout.join(mailbox)
         self._hub = self._fanout.hub
         return self
 
@@ -285,8 +321,8 @@ class AsyncWatcher(_Base):
         """Stop watching; a pending `get` returns."""
         if not self._closed:
             self._closed = True
-            if self._aqueue is not None:
-                self._aqueue.put_nowait(None)
+            if self._amailbox is not None:
+                self._amailbox.close()
             if self._fanout is not None:
                 self._fanout.leave(self._member)
                 self._fanout = None
@@ -296,18 +332,24 @@ class AsyncWatcher(_Base):
         return self
 
     async def __anext__(self) -> Event:
+        # Fast path: an event already at hand (most calls under load).
+        state = self._state
+        if state is not None and state.pending and not self._closed:
+            event = state.pending.popleft()
+            state.last = event
+            return event
         try:
-            event = await self.get()
+            got = await self.get()
         except WatchClosedError:
             raise StopAsyncIteration from None
-        assert event is not None
-        return event
+        assert got is not None
+        return got
 
     async def get(self, timeout: float | None = None) -> Event | None:
         """The next event, or None after `timeout` seconds (None: wait forever)."""
         await self.start()
-        state, aqueue = self._state, self._aqueue
-        assert state is not None and aqueue is not None
+        state, mailbox = self._state, self._amailbox
+        assert state is not None and mailbox is not None
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         attempt = 0
@@ -337,11 +379,10 @@ class AsyncWatcher(_Base):
                 state.on_page(parse_page(rows, PAGE))
                 continue
             try:
-                message = await asyncio.wait_for(aqueue.get(), left)
+                item = await mailbox.get(left)
             except TimeoutError:
                 return None
-            if message is not None:
-                state.on_message(message)
+            self._on_item(state, item)
 
     async def get_batch(
         self, timeout: float | None = None, max_events: int = 10_000
@@ -371,7 +412,7 @@ class _LoopFanout:
     def __init__(self, loop: asyncio.AbstractEventLoop, key: tuple[Any, ...]) -> None:
         self.loop = loop
         self.key = key
-        self.members: dict[int, asyncio.Queue[Message | None]] = {}
+        self.members: dict[int, AsyncMailbox] = {}
         self.tip: Position | None = None
         self._next = 0
         dsn, schema, mode, interval = key
@@ -392,15 +433,15 @@ class _LoopFanout:
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, Start | Batch):
             self.tip = message.tip
-        for q in self.members.values():
-            q.put_nowait(message)
+        for mailbox in self.members.values():
+            mailbox.deliver(message)
 
-    def join(self, q: asyncio.Queue[Message | None]) -> int:
+    def join(self, mailbox: AsyncMailbox) -> int:
         member = self._next
         self._next += 1
-        self.members[member] = q
+        self.members[member] = mailbox
         if self.tip is not None:
-            q.put_nowait(Start(self.tip))
+            mailbox.deliver(Start(self.tip))
         return member
 
     def leave(self, member: int) -> None:
@@ -420,11 +461,12 @@ def watch(
     event_types: Iterable[str] | str | None = None,
     mode: str = "listen",
     interval: float | None = None,
+    max_pending: int = DEFAULT_MAX_PENDING,
 ) -> Watcher:
     """A `Watcher` on `store` (see there)."""
     return Watcher(
         store, after=after, types=types, resources=resources, event_types=event_types,
-        mode=mode, interval=interval,
+        mode=mode, interval=interval, max_pending=max_pending,
     )  # fmt: skip
 
 
@@ -437,9 +479,10 @@ def watch_async(
     event_types: Iterable[str] | str | None = None,
     mode: str = "listen",
     interval: float | None = None,
+    max_pending: int = DEFAULT_MAX_PENDING,
 ) -> AsyncWatcher:
     """An `AsyncWatcher` on `store` (see there); iterate it with ``async for``."""
     return AsyncWatcher(
         store, after=after, types=types, resources=resources, event_types=event_types,
-        mode=mode, interval=interval,
+        mode=mode, interval=interval, max_pending=max_pending,
     )  # fmt: skip

@@ -1,0 +1,162 @@
+"""What the hub hands one watcher, bounded by the number of queued events.
+
+The hub never waits for a watcher, so a consumer slower than the write rate
+would otherwise make its process hold every event since it fell behind. Past
+`limit` queued events a mailbox drops further batches, remembering only the
+tip of the last one, and queues one `OVERFLOW` marker. The watcher, reaching
+the marker, reads the dropped span from the log itself (the log is durable, so
+nothing is lost or repeated) and then takes the stream again from that tip.
+
+`SyncMailbox` is filled by the hub thread and emptied by one consumer thread;
+`AsyncMailbox` lives on one event loop (filled by the loop's fan-out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import deque
+from typing import Final
+
+from ..cursors import Position
+from ..errors import ValidationError
+from ._core import Batch, Message
+
+#: Default bound: queued events per watcher before it reads from the log instead.
+DEFAULT_MAX_PENDING = 10_000
+
+
+class Overflow:
+    """Marker: batches were dropped; `rejoin()` says up to where."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "OVERFLOW"
+
+
+OVERFLOW: Final = Overflow()
+
+#: What a consumer takes out of a mailbox; None means "closed".
+Item = Message | Overflow | None
+
+
+def check_max_pending(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"max_pending must be an int >= 1, got {value!r}")
+    return value
+
+
+class SyncMailbox:
+    """Hub thread in, one consumer thread out."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._queue: queue.SimpleQueue[Item] = queue.SimpleQueue()
+        # Events put and taken, each written by one thread only, so neither
+        # needs a lock; their difference is what is queued.
+        self._put_events = 0
+        self._taken_events = 0
+        self._lock = threading.Lock()
+        self._dropping = False
+        self._dropped_tip: Position | None = None
+        #: How often this mailbox overflowed (for tests and operators).
+        self.overflows = 0
+
+    def deliver(self, message: Message) -> None:
+        """Hub thread: queue `message`, or drop it when over the bound."""
+        if type(message) is Batch:
+            n = len(message.events)
+            queued = self._put_events - self._taken_events
+            if self._dropping or (queued and queued + n > self.limit):
+                with self._lock:
+                    # Re-checked under the lock: the consumer may have just
+                    # rejoined, emptying the queue.
+                    queued = self._put_events - self._taken_events
+                    if self._dropping or (queued and queued + n > self.limit):
+                        self._dropped_tip = message.tip
+                        if not self._dropping:
+                            self._dropping = True
+                            self.overflows += 1
+                            self._queue.put(OVERFLOW)
+                        return
+            self._put_events += n
+        self._queue.put(message)
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def get(self, timeout: float) -> Item:
+        """Consumer: the next item; raises `queue.Empty` after `timeout` seconds."""
+        item = self._queue.get(timeout=timeout)
+        if type(item) is Batch:
+            self._taken_events += len(item.events)
+        return item
+
+    def rejoin(self) -> Position:
+        """Consumer, on `OVERFLOW`: the tip of the last dropped batch; stops dropping."""
+        with self._lock:
+            self._dropping = False
+            tip = self._dropped_tip
+        assert tip is not None
+        return tip
+
+
+class AsyncMailbox:
+    """One event loop's thread only: the fan-out fills it, one task empties it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: deque[Item] = deque()
+        self._queued = 0
+        self._dropping = False
+        self._dropped_tip: Position | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self.overflows = 0
+
+    def deliver(self, message: Message) -> None:
+        if type(message) is Batch:
+            n = len(message.events)
+            if self._dropping or (self._queued and self._queued + n > self.limit):
+                self._dropped_tip = message.tip
+                if self._dropping:
+                    return
+                self._dropping = True
+                self.overflows += 1
+                self._push(OVERFLOW)
+                return
+            self._queued += n
+        self._push(message)
+
+    def close(self) -> None:
+        self._push(None)
+
+    def _push(self, item: Item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self, timeout: float | None) -> Item:
+        """The next item; raises `TimeoutError` after `timeout` seconds (None: never)."""
+        if not self._items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                if timeout is None:
+                    await waiter
+                else:
+                    async with asyncio.timeout(timeout):
+                        await waiter
+            finally:
+                self._waiter = None
+        item = self._items.popleft()
+        if type(item) is Batch:
+            self._queued -= len(item.events)
+        return item
+
+    def rejoin(self) -> Position:
+        self._dropping = False
+        tip = self._dropped_tip
+        assert tip is not None
+        return tip
