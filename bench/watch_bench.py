@@ -139,47 +139,87 @@ def event_count(dsn: str, schema: str) -> int:
 
 
 def watchers_main(
-    dsn: str, schema: str, count: int, out: str, mode: str, nice: int, flavour: str
+    dsn: str, schema: str, count: int, out: str, mode: str, nice: int, flavour: str, record: bool
 ) -> None:
-    """Hold `count` watchers until stdin closes; dump receive times and CPU used."""
+    """Hold `count` watchers until stdin closes; dump what they got and the CPU used.
+
+    With `record` every watcher keeps (resource, revision, receive time) per
+    event, for the latency figures. Without it (throughput runs) a watcher does
+    what a minimal real consumer does: counts events and keeps the last cursor,
+    so that the CPU measured is the library's, not the benchmark's bookkeeping.
+    """
     if nice:
         os.nice(nice)
     received: list[list[tuple[str, int, float]]] = [[] for _ in range(count)]
-    clock = time.perf_counter
+    counts = [0] * count
+    batches = flavour.endswith("batch")
     if flavour.startswith("async"):
-        cpu = asyncio.run(
-            _async_watchers(dsn, schema, count, mode, received, flavour.endswith("batch"))
+        cpu, reads = asyncio.run(
+            _async_watchers(dsn, schema, count, mode, received, counts, batches, record)
         )
-        Path(out).write_text(json.dumps({"received": received, "cpu": cpu}))
-        return
+    else:
+        cpu, reads = _sync_watchers(dsn, schema, count, mode, received, counts, batches, record)
+    result = received if record else counts
+    Path(out).write_text(json.dumps({"received": result, "cpu": cpu, "reads": reads}))
+
+
+def _measure_until_stdin_closes(hub: Any) -> tuple[float, float]:
+    """(CPU cores used, hub reads per second) between "ready" and stdin closing."""
+    print("ready", flush=True)
+    cpu0, wall0, reads0 = time.process_time(), time.monotonic(), hub.reads
+    sys.stdin.read()
+    wall = time.monotonic() - wall0
+    return (time.process_time() - cpu0) / wall, (hub.reads - reads0) / wall
+
+
+def _sync_watchers(
+    dsn: str,
+    schema: str,
+    count: int,
+    mode: str,
+    received: list[list[tuple[str, int, float]]],
+    counts: list[int],
+    batches: bool,
+    record: bool,
+) -> tuple[float, float]:
+    clock = time.perf_counter
+    cursors = [""] * count  # where each consumer would resume
     store = PostgresStore(dsn, schema=schema, max_size=4, auto_migrate=False)
     watchers = [Watcher(store, mode=mode) for _ in range(count)]
 
     def consume(i: int) -> None:
         sink = received[i]
         w = watchers[i]
-        if flavour.endswith("batch"):
+        n = 0
+        last = ""
+        if batches:
             with contextlib.suppress(WatchClosedError):
                 while batch := w.get_batch():
-                    now = clock()
-                    sink.extend((e.resource_id, e.revision, now) for e in batch)
-            return
-        for event in w:
-            sink.append((event.resource_id, event.revision, clock()))
+                    if record:
+                        now = clock()
+                        sink.extend((e.resource_id, e.revision, now) for e in batch)
+                    n += len(batch)
+                    last = batch[-1].cursor
+        elif record:
+            for event in w:
+                sink.append((event.resource_id, event.revision, clock()))
+        else:
+            for event in w:
+                n += 1
+                last = event.cursor
+        counts[i] = n or len(sink)
+        cursors[i] = last
 
     threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(count)]
     for t in threads:
         t.start()
     time.sleep(0.5)
-    print("ready", flush=True)
-    cpu0, wall0 = time.process_time(), time.monotonic()
-    sys.stdin.read()
-    cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+    cpu, reads = _measure_until_stdin_closes(watchers[0]._hub)
     for w in watchers:
         w.close()
     for t in threads:
         t.join(5)
-    Path(out).write_text(json.dumps({"received": received, "cpu": cpu}))
+    return cpu, reads
 
 
 async def _async_watchers(
@@ -188,34 +228,45 @@ async def _async_watchers(
     count: int,
     mode: str,
     received: list[list[tuple[str, int, float]]],
+    counts: list[int],
     batches: bool,
-) -> float:
+    record: bool,
+) -> tuple[float, float]:
     clock = time.perf_counter
+    cursors = [""] * count  # where each consumer would resume
     async with AsyncPostgresStore(dsn, schema=schema, max_size=4, auto_migrate=False) as store:
         watchers = [await AsyncWatcher(store, mode=mode).start() for _ in range(count)]
 
         async def consume(i: int) -> None:
             sink = received[i]
             w = watchers[i]
+            n = 0
+            last = ""
             if batches:
                 with contextlib.suppress(WatchClosedError):
                     while batch := await w.get_batch():
-                        now = clock()
-                        sink.extend((e.resource_id, e.revision, now) for e in batch)
-                return
-            async for event in w:
-                sink.append((event.resource_id, event.revision, clock()))
+                        if record:
+                            now = clock()
+                            sink.extend((e.resource_id, e.revision, now) for e in batch)
+                        n += len(batch)
+                        last = batch[-1].cursor
+            elif record:
+                async for event in w:
+                    sink.append((event.resource_id, event.revision, clock()))
+            else:
+                async for event in w:
+                    n += 1
+                    last = event.cursor
+            counts[i] = n or len(sink)
+            cursors[i] = last
 
         tasks = [asyncio.create_task(consume(i)) for i in range(count)]
         await asyncio.sleep(0.5)
-        print("ready", flush=True)
-        cpu0, wall0 = time.process_time(), time.monotonic()
-        await asyncio.to_thread(sys.stdin.read)
-        cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+        cpu, reads = await asyncio.to_thread(_measure_until_stdin_closes, watchers[0]._hub)
         for w in watchers:
             await w.aclose()
         await asyncio.wait(tasks, timeout=5)
-    return cpu
+    return cpu, reads
 
 
 def writer_main(dsn: str, schema: str, seconds: float, out: str) -> None:
@@ -243,7 +294,14 @@ def writer_main(dsn: str, schema: str, seconds: float, out: str) -> None:
 
 
 def spawn_watchers(
-    dsn: str, schema: str, count: int, out: str, mode: str, nice: int = 0, flavour: str = "sync"
+    dsn: str,
+    schema: str,
+    count: int,
+    out: str,
+    mode: str,
+    nice: int = 0,
+    flavour: str = "sync",
+    record: bool = False,
 ) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [
@@ -257,6 +315,7 @@ def spawn_watchers(
             mode,
             str(nice),
             flavour,
+            "record" if record else "count",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -298,6 +357,7 @@ def throughput(
     ratios: dict[Config, list[float]] = {c: [] for c in configs}
     delivered: dict[Config, list[float]] = {c: [] for c in configs}
     cpu: dict[Config, list[float]] = {c: [] for c in configs}
+    reads: dict[Config, list[float]] = {c: [] for c in configs}
     baseline: Config = ("coalesced", 0, 0, "sync")
 
     def measure(config: Config) -> float:
@@ -314,7 +374,8 @@ def throughput(
             got = stop_watchers(proc, out)
             cpu[config].append(got["cpu"])
             # Delivered by the time pgbench ended (a lagging consumer shows < 1).
-            delivered[config].append(min(len(g) for g in got["received"]) / max(1, after - before))
+            delivered[config].append(min(got["received"]) / max(1, after - before))
+            reads[config].append(got["reads"])
         tps[config].append(value)
         return value
 
@@ -352,6 +413,7 @@ def throughput(
                 "ratios": ratios[config],
                 "delivered": min(delivered[config]) if delivered[config] else None,
                 "watcher_cpu": statistics.median(cpu[config]) if cpu[config] else None,
+                "hub_reads_per_s": statistics.median(reads[config]) if reads[config] else None,
             }
         )
     return rows
@@ -362,7 +424,7 @@ def latency(
 ) -> dict[str, Any]:
     out = tempfile.mktemp(suffix=".json")
     wout = tempfile.mktemp(suffix=".json")
-    proc = spawn_watchers(dsn, schema, count, out, mode, 0, flavour)
+    proc = spawn_watchers(dsn, schema, count, out, mode, 0, flavour, record=True)
     subprocess.run(
         [sys.executable, __file__, "_writer", dsn, schema, str(seconds), wout], check=True
     )
@@ -399,7 +461,10 @@ def latency(
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_watchers":
-        watchers_main(argv[1], argv[2], int(argv[3]), argv[4], argv[5], int(argv[6]), argv[7])
+        watchers_main(
+            argv[1], argv[2], int(argv[3]), argv[4], argv[5], int(argv[6]), argv[7],
+            argv[8] == "record",
+        )  # fmt: skip
         return 0
     if argv and argv[0] == "_writer":
         writer_main(argv[1], argv[2], float(argv[3]), argv[4])
@@ -467,16 +532,17 @@ def main(argv: list[str] | None = None) -> int:
     if "throughput" in result:
         print(
             "| _bump | watchers | kind | watcher nice | tps (median) | vs adjacent 0-watcher run"
-            " | delivered by end | watcher CPU |"
+            " | delivered by end | watcher CPU | hub reads/s |"
         )
-        print("|---|---:|---|---:|---:|---:|---:|---:|")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
         for r in result["throughput"]:
             d = "-" if r["delivered"] is None else f"{r['delivered']:.3f}"
             c = "-" if r["watcher_cpu"] is None else f"{r['watcher_cpu']:.2f} cores"
+            h = "-" if r["hub_reads_per_s"] is None else f"{r['hub_reads_per_s']:.0f}"
             print(
                 f"| {r['bump']} | {r['watchers']} | {r['flavour']} | {r['nice']}"
                 f" | {r['tps_median']:.0f}"
-                f" | {r['ratio']:.2f}x | {d} | {c} |"
+                f" | {r['ratio']:.2f}x | {d} | {c} | {h} |"
             )
     print()
     print(

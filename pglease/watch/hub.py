@@ -47,13 +47,13 @@ MAX_REPOLL = 0.05
 RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 #: Under load the hub spaces its reads instead of reading once per NOTIFY:
 #: each read costs the server about as much as a write, and each batch costs
-#: every subscriber a wake-up. The next read starts no earlier than
-#: ``rate x READ_SPACING_PER_EVENT`` seconds after the previous one (``rate``:
-#: recent events per second), at most MAX_READ_SPACING, which bounds the delay
-#: this adds. Below LIGHT_RATE events/s reads are never spaced.
-READ_SPACING_PER_EVENT = 2e-6
-MAX_READ_SPACING = 0.008
+#: every subscriber a wake-up (tens of microseconds for a thread). Above
+#: LIGHT_RATE events/s the next read starts no earlier than READ_SPACING after
+#: the previous one (scaled down linearly between LIGHT_RATE and FULL_RATE),
+#: which bounds the latency this adds. Below LIGHT_RATE reads are never spaced.
+READ_SPACING = 0.008
 LIGHT_RATE = 500.0
+FULL_RATE = 1000.0
 #: Weight of the newest read in the event-rate estimate.
 RATE_SMOOTHING = 0.2
 #: The name of the hub's prepared read on its own connection.
@@ -182,7 +182,7 @@ class Hub:
             last = started
             rate = per_read / max(between, 1e-6)
             if rate > LIGHT_RATE:
-                spacing = min(MAX_READ_SPACING, rate * READ_SPACING_PER_EVENT)
+                spacing = READ_SPACING * min(1.0, rate / FULL_RATE)
                 self._stop.wait(max(0.0, started + spacing - time.monotonic()))
             if held_back:
                 repoll = MIN_REPOLL if progressed else min(repoll * 2, MAX_REPOLL)
