@@ -12,6 +12,7 @@ __all__ = [
     "ConflictError",
     "DatabaseUnavailableError",
     "EmbeddedPostgresError",
+    "EventOrderError",
     "InvalidCursorError",
     "InvalidEventTypeError",
     "InvalidKeyError",
@@ -135,6 +136,21 @@ class ResourceLeasedError(ConflictError):
 
 class PayloadConflictError(ConflictError):
     """A stored payload has the same sha256 but different bytes."""
+
+
+class EventOrderError(ConflictError):
+    """A transaction would have written a resource's event out of order; retry it.
+
+    Watchers read the log in transaction-id order, so revision n+1 of a
+    resource must not come from a transaction with a smaller id than revision
+    n. pglease's own calls lock the lease row before writing anything, so they
+    never trip this; it happens when a caller runs pglease's SQL functions
+    inside its own transaction after that transaction already wrote something
+    (took its id) and another writer of the same resource committed meanwhile.
+    The transaction was refused (SQLSTATE 40001, a serialization failure):
+    roll back and retry the whole transaction, calling the pglease function
+    first.
+    """
 
 
 # --- infrastructure -----------------------------------------------------------

@@ -29,6 +29,7 @@ from .._common import renew_args as renew_args
 from ..cursors import Position
 from ..errors import (
     DatabaseUnavailableError,
+    EventOrderError,
     LeaseExpiredError,
     LeaseLostError,
     PayloadConflictError,
@@ -49,6 +50,11 @@ _ERRORS: dict[str, type[PgleaseError]] = {
     "PGL05": ResourceLeasedError,
     "PGL06": PayloadConflictError,
 }
+# `_bump`'s order guard (sql/0002, 0006) raises a serialization failure whose
+# message starts with this. Only that one is mapped: any other 40001 (say from
+# the caller's own SQL under SERIALIZABLE) is not pglease's to name.
+_SERIALIZATION_FAILURE = "40001"
+_EVENT_ORDER_PREFIX = "event order:"
 
 
 def unavailable(exc: psycopg.OperationalError) -> DatabaseUnavailableError:
@@ -59,10 +65,14 @@ def unavailable(exc: psycopg.OperationalError) -> DatabaseUnavailableError:
 def translate(exc: psycopg.Error) -> PgleaseError | None:
     """Map an error raised by a pglease SQL function to its Python class."""
     sqlstate = exc.diag.sqlstate
+    message = exc.diag.message_primary or str(exc)
+    if sqlstate == _SERIALIZATION_FAILURE:
+        if message.startswith(_EVENT_ORDER_PREFIX):
+            return EventOrderError(message)
+        return None
     cls = _ERRORS.get(sqlstate or "")
     if cls is None:
         return None
-    message = exc.diag.message_primary or str(exc)
     if cls is StaleResourceError:
         detail = exc.diag.message_detail
         return StaleResourceError(message, actual=int(detail) if detail else None)
