@@ -169,7 +169,8 @@ def test_takeover_after_expiry_fences_the_stale_owner(backend: Backend, rid: str
     assert old is not None
     assert s.claim(rid, B, 10, now=at(9.999)) is None
     new = s.claim(rid, B, 10, now=at(10))
-    assert new is not None and new.generation == 2 and new.revision == 2
+    # Revision 2 is the old generation's `lease.expired`, written by the takeover.
+    assert new is not None and new.generation == 2 and new.revision == 3
     before = snapshot(backend, rid)
     with pytest.raises(LeaseLostError):
         s.renew(old, 10, now=at(11))
@@ -179,6 +180,46 @@ def test_takeover_after_expiry_fences_the_stale_owner(backend: Backend, rid: str
         s.mutate(Permit(rid, new.revision, old), "run.step", now=at(11))
     assert snapshot(backend, rid) == before
     assert s.get(rid, now=at(11)).lease.owner == B
+
+
+def test_takeover_of_expired_lease_records_its_expiry_first(backend: Backend, rid: str) -> None:
+    s = backend.store
+    old = s.claim(rid, A, 10, now=at(0))
+    assert old is not None
+    new = s.claim(rid, B, 10, now=at(12))
+    assert new is not None and (new.generation, new.revision) == (2, 3)
+    assert s.get(rid, now=at(12)).revision == 3
+    events = s.events(rid)
+    assert [
+        (e.type, e.revision, e.actor, e.lease_generation, e.lease_expires_at) for e in events
+    ] == [
+        ("lease.claimed", 1, A, 1, at(10)),
+        ("lease.expired", 2, A, 1, at(10)),  # the old holder, its generation and expiry
+        ("lease.claimed", 3, B, 2, at(22)),
+    ]
+    # The claim's revision is its own event's; a fenced write with it works.
+    assert s.mutate(Permit(rid, new.revision, new), "run.step", now=at(13)).revision == 4
+    # An expired holder re-claiming is a takeover too: its old generation expired.
+    again = s.claim(rid, B, 10, now=at(40))
+    assert again is not None and (again.generation, again.revision) == (3, 6)
+    assert [e.type for e in s.events(rid, after_revision=4)] == [
+        "lease.expired",
+        "lease.claimed",
+    ]
+
+
+def test_claim_after_release_or_refused_writes_no_expired_event(backend: Backend, rid: str) -> None:
+    s = backend.store
+    first = s.claim(rid, A, 10, now=at(0))
+    assert first is not None
+    s.release(first, now=at(50))  # released after its expiry: no longer a holder
+    assert s.claim(rid, B, 10, now=at(60)) is not None
+    assert s.claim(rid, A, 10, now=at(65)) is None  # refused: B is live
+    assert [e.type for e in s.events(rid)] == [
+        "lease.claimed",
+        "lease.released",
+        "lease.claimed",
+    ]
 
 
 def test_renew_extends_and_bumps_revision(backend: Backend, rid: str) -> None:

@@ -297,22 +297,24 @@ def test_reaper_writes_expired_event_once(pg_store: PostgresStore) -> None:
     assert types == ["lease.claimed", "lease.expired", "lease.claimed"]
 
 
-def test_takeover_before_reaping_writes_no_expired_event(pg_store: PostgresStore) -> None:
+def test_takeover_before_reaping_writes_the_expired_event(pg_store: PostgresStore) -> None:
     rid = pg_store.ensure_resource("run", "e2")
     old = pg_store.claim(rid, A, 0.05)
     assert old is not None
     time.sleep(0.1)
     new = pg_store.claim(rid, B, 0.05)
-    assert new is not None and new.revision == 2
-    # The taken-over generation is never reaped; the new one is, once.
+    assert new is not None and new.revision == 3
+    # The takeover recorded the old generation's expiry (sql/0007); the
+    # reaper does not repeat it, and reaps the new one once.
     time.sleep(0.1)
     assert reap_once(pg_store) == 1
     assert reap_once(pg_store) == 0
     events = pg_store.events(rid)
     assert [(e.type, e.revision, e.lease_generation, e.actor) for e in events] == [
         ("lease.claimed", 1, 1, A),
-        ("lease.claimed", 2, 2, B),
-        ("lease.expired", 3, 2, B),
+        ("lease.expired", 2, 1, A),
+        ("lease.claimed", 3, 2, B),
+        ("lease.expired", 4, 2, B),
     ]
     # The late release of an expired (and reaped) lease still works; a
     # released lease never expires.

@@ -1,7 +1,8 @@
 """`SqliteStore`: the lease store on one SQLite file, blocking API.
 
 The semantics are those of the PostgreSQL functions in ``sql/0001_core.sql``
-(claim, renew, release, mutate_begin), written in Python and run inside one
+(claim, renew, release, mutate_begin; claim as redefined in
+``sql/0007_expiry_gc.sql``), written in Python and run inside one
 ``BEGIN IMMEDIATE`` transaction each. SQLite admits a single writer per file,
 so holding the write lock is the row lock of the PostgreSQL version: the checks
 and the writes they allow can never be separated by another writer.
@@ -283,6 +284,22 @@ class SqliteStore:
             t = clock_us(given_now)
             if lease.live(t):
                 return None
+            if lease.owner_id is not None:
+                # A holder still recorded ran out without a release: record that
+                # generation's expiry first, as the PostgreSQL claim does (sql/0007)
+                # so both backends give watchers the same history. SQLite has no
+                # reaper, so no earlier `lease.expired` for it can exist.
+                _bump(
+                    conn,
+                    rid,
+                    t,
+                    "lease.expired",
+                    lease.owner_type,
+                    lease.owner_id,
+                    lease.generation,
+                    lease.expires_at,
+                    None,
+                )
             generation = lease.generation + 1
             expires = t + ttl_us(ttl_s)
             conn.execute(

@@ -7,9 +7,11 @@ most once per generation (the `expired_generation` marker), so two reapers
 racing after a failover produce no duplicate.
 
 Bounded delay: an expired lease gets its event within `interval` (plus one
-reaper-lease TTL if the reaping host died) after its TTL ran out, unless a new
-claim took it over first (then the new generation's `lease.claimed` is what
-tells watchers the old generation ended).
+reaper-lease TTL if the reaping host died) after its TTL ran out, or sooner: a
+claim that takes over an expired lease the reaper has not reached yet writes
+that generation's `lease.expired` itself, in its own transaction, right before
+its `lease.claimed` (sql/0007_expiry_gc.sql). Both set the same marker, so a
+generation never gets two.
 """
 
 from __future__ import annotations
