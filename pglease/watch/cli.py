@@ -66,10 +66,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "prune",
         conflict_handler="resolve",
-        help="delete old events",
+        help="delete old events and unreferenced payloads",
         description="Delete events older than DURATION (90s, 15m, 12h,"
-        " 7d, 1h30m). Watchers behind the deleted range get"
-        " CursorExpiredError.",
+        " 7d, 1h30m), then the payloads no remaining event references."
+        " Watchers behind the deleted range get CursorExpiredError.",
     )
     p.add_argument("--older-than", required=True, type=_duration, metavar="DURATION")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
@@ -154,9 +154,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except PgleaseError as exc:
         return fail(str(exc))
     if getattr(args, "json", False):
-        print_json({"deleted": deleted})
+        # "deleted" stays the number of events, as before payloads were collected.
+        print_json({"deleted": deleted.events, "payloads_deleted": deleted.payloads})
+    elif deleted.payloads:
+        print(f"deleted {deleted.events} events and {deleted.payloads} unreferenced payloads")
     else:
-        print(f"deleted {deleted} events")
+        print(f"deleted {deleted.events} events")
     return EXIT_OK
 
 

@@ -1,12 +1,14 @@
-"""Retention: delete old events, raising the prune horizon watchers check against."""
+"""Retention: delete old events, raising the prune horizon watchers check against,
+and the payloads no remaining event references."""
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
 
+from psycopg import sql
+
 from ..errors import ValidationError
-from ._core import WatchQueries
 from .watcher import AsyncStore, SyncStore
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -41,25 +43,58 @@ def _check_age(seconds: object) -> float:
     return float(seconds)
 
 
-def prune(store: SyncStore, older_than: float | timedelta) -> int:
-    """Delete events created more than `older_than` ago; return how many.
+class PruneResult(int):
+    """What `prune` deleted. Its int value is the number of events, as `prune`
+    returned before it also collected payloads, so ``prune(store, 0) == 3``
+    still reads the same; `payloads` is the number of payloads deleted."""
+
+    payloads: int
+
+    def __new__(cls, events: int, payloads: int) -> PruneResult:
+        result = super().__new__(cls, events)
+        result.payloads = payloads
+        return result
+
+    @property
+    def events(self) -> int:
+        return int(self)
+
+    def __repr__(self) -> str:
+        return f"PruneResult(events={int(self)}, payloads={self.payloads})"
+
+
+def _query(schema: str) -> bytes:
+    # prune_log (sql/0007): the events, then the payloads nothing references.
+    return (
+        sql.SQL("SELECT events, payloads FROM {}.prune_log(make_interval(secs => %s))")
+        .format(sql.Identifier(schema))
+        .as_string(None)
+        .encode()
+    )
+
+
+def prune(store: SyncStore, older_than: float | timedelta) -> PruneResult:
+    """Delete events created more than `older_than` ago, then every payload no
+    remaining event references; return the counts (an int: the events).
 
     Deletes a prefix of the log in read order, never an event a watcher could
     still be about to read for the first time without noticing: a watcher whose
-    cursor is below the deleted range gets `CursorExpiredError`.
+    cursor is below the deleted range gets `CursorExpiredError`. A payload a
+    writer is storing or reusing at that moment is left alone, never pulled
+    out from under its event (see `_gc_payloads` in sql/0007_expiry_gc.sql).
     """
     seconds = _check_age(older_than)
     with store.connection() as conn:
-        row = conn.execute(WatchQueries(store.schema).prune, [seconds]).fetchone()
+        row = conn.execute(_query(store.schema), [seconds]).fetchone()
     assert row is not None
-    return int(row[0])
+    return PruneResult(int(row[0]), int(row[1]))
 
 
-async def prune_async(store: AsyncStore, older_than: float | timedelta) -> int:
+async def prune_async(store: AsyncStore, older_than: float | timedelta) -> PruneResult:
     """Asyncio twin of `prune`."""
     seconds = _check_age(older_than)
     async with store.connection() as conn:
-        cur = await conn.execute(WatchQueries(store.schema).prune, [seconds])
+        cur = await conn.execute(_query(store.schema), [seconds])
         row = await cur.fetchone()
     assert row is not None
-    return int(row[0])
+    return PruneResult(int(row[0]), int(row[1]))
