@@ -277,9 +277,13 @@ class AsyncPostgresStore:
         event_types: Iterable[str] | str | None = None,
         mode: str = "listen",
         interval: float | None = None,
+        max_pending: int = 10_000,
     ) -> AsyncWatcher:
-        """Stream committed events gap-free from `after` (a cursor, "now" or "start");
-        see `pglease.watch.AsyncWatcher`."""
+        """Stream committed events gap-free from `after` (a cursor, "now" or "start").
+
+        A watcher more than `max_pending` events behind the stream reads the
+        missed span from the log itself (bounded memory, nothing lost).
+        See `pglease.watch.AsyncWatcher`."""
         from ..watch import watch_async
 
         return watch_async(
@@ -290,4 +294,5 @@ class AsyncPostgresStore:
             event_types=event_types,
             mode=mode,
             interval=interval,
+            max_pending=max_pending,
         )

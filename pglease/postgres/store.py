@@ -274,9 +274,13 @@ class PostgresStore:
         event_types: Iterable[str] | str | None = None,
         mode: str = "listen",
         interval: float | None = None,
+        max_pending: int = 10_000,
     ) -> Watcher:
-        """Stream committed events gap-free from `after` (a cursor, "now" or "start");
-        see `pglease.watch.Watcher`."""
+        """Stream committed events gap-free from `after` (a cursor, "now" or "start").
+
+        A watcher more than `max_pending` events behind the stream reads the
+        missed span from the log itself (bounded memory, nothing lost).
+        See `pglease.watch.Watcher`."""
         from ..watch import watch
 
         return watch(
@@ -287,4 +291,5 @@ class PostgresStore:
             event_types=event_types,
             mode=mode,
             interval=interval,
+            max_pending=max_pending,
         )

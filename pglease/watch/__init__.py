@@ -44,11 +44,26 @@ Coalesced NOTIFY (the hot-path cost)
     K1, which left a tiny window open.)
 
 Reads under load
-    A read costs the server about as much as a write, so the hub does not read
-    once per NOTIFY when busy: after a read that returned n > 1 events it
-    waits (n - 1) x 0.5 ms, at most 8 ms, before the next one. One event per
-    read (light load) is never delayed. Async watchers of one event loop share
-    one hub subscription (one cross-thread call per batch).
+    A read costs the server about as much as a write, and each batch costs
+    every subscriber a wake-up, so the hub does not read once per NOTIFY when
+    busy. It keeps a smoothed event rate (events per read over time between
+    reads); above 500 events/s the next read starts at least 4-8 ms (8 ms from
+    1,000 events/s) after the previous one, which bounds the latency this adds.
+    Below that every NOTIFY is read at once. The read itself is a libpq
+    prepared statement on the hub's own connection, its rows loaded by
+    psycopg's C loaders. Async watchers of one event loop share one hub
+    subscription (one cross-thread call per batch); blocked sync watchers are
+    woken in a chain, each waking the next, instead of all fighting for the
+    GIL at once (`mailbox.WakeChain`).
+
+Slow consumers
+    The hub never waits for a watcher. Each watcher has a mailbox bounded by
+    ``max_pending`` queued events (10,000 by default); past it the mailbox
+    drops further batches, keeping only the last tip, and queues a marker. The
+    watcher, reaching the marker, reads the dropped span from the log with its
+    own queries (as it does when resuming from a cursor) and then takes the
+    stream again after that tip. Memory stays bounded, nothing is lost or
+    repeated, and only the slow watcher pays for the extra reads.
 
 Why no event is stranded
     Each read (`watch_read`) first probes K2 (try-exclusive and release at
@@ -85,9 +100,10 @@ Expiry events
     with the next revision, at most once per generation
     (``leases.expired_generation``). The expired holder stays recorded: claims
     still judge expiry by the clock, so the event changes nobody's right to
-    claim. If another owner claims the lease before the reaper got to it, no
-    ``lease.expired`` is written for that generation (the ``lease.claimed``
-    with a higher generation says the old one ended). The event does raise the
+    claim. A claim that takes over an expired lease before the reaper got to
+    it writes that ``lease.expired`` itself, in the same transaction, right
+    before its ``lease.claimed``; either way a generation gets at most one,
+    and none if its holder released it first. The event does raise the
     revision: a holder's cached `Claim.revision` is then stale, which only
     matters for an ``expected_revision`` check after the lease has already run
     out (renew and leased writes are refused then anyway); a late `release`
