@@ -321,10 +321,16 @@ class WatchState:
 
     def take(self, limit: int) -> list[Event]:
         """Up to `limit` pending events, without waiting."""
-        n = min(limit, len(self.pending))
+        pending = self.pending
+        n = min(limit, len(pending))
         if n <= 0:
             return []
-        out = [self.pending.popleft() for _ in range(n)]
+        if n == len(pending):
+            # The usual case: all of it, copied in C rather than popped one by one.
+            out = list(pending)
+            pending.clear()
+        else:
+            out = [pending.popleft() for _ in range(n)]
         self.last = out[-1]
         return out
 

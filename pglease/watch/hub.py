@@ -39,6 +39,13 @@ from ._core import (
 )
 
 Deliver = Callable[[Message], None]
+#: How many consumers a subscription wakes per batch (a loop fan-out: its members).
+Consumers = Callable[[], int]
+
+
+def _one() -> int:
+    return 1
+
 
 #: First re-poll delay while a read was held back by in-flight transactions;
 #: doubled while nothing changes, up to MAX_REPOLL, reset on progress.
@@ -47,11 +54,16 @@ MAX_REPOLL = 0.05
 RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 #: Under load the hub spaces its reads instead of reading once per NOTIFY:
 #: each read costs the server about as much as a write, and each batch costs
-#: every subscriber a wake-up (tens of microseconds for a thread). Above
-#: LIGHT_RATE events/s the next read starts no earlier than READ_SPACING after
-#: the previous one (scaled down linearly between LIGHT_RATE and FULL_RATE),
-#: which bounds the latency this adds. Below LIGHT_RATE reads are never spaced.
+#: every consumer a wake-up (a thread switch or an asyncio task step, several
+#: to tens of microseconds each). Above LIGHT_RATE events/s the next read
+#: starts no earlier than READ_SPACING after the previous one, or
+#: SPACING_PER_CONSUMER per consumer woken by a batch when that is more, up
+#: to MAX_READ_SPACING; scaled down linearly between LIGHT_RATE and FULL_RATE.
+#: That bounds both the wake-ups per second and the latency added. Below
+#: LIGHT_RATE reads are never spaced.
 READ_SPACING = 0.008
+SPACING_PER_CONSUMER = 0.00025
+MAX_READ_SPACING = 0.025
 LIGHT_RATE = 500.0
 FULL_RATE = 1000.0
 #: Weight of the newest read in the event-rate estimate.
@@ -77,6 +89,7 @@ class Hub:
         self._q = WatchQueries(schema)
         self._lock = threading.Lock()
         self._subscribers: dict[int, Deliver] = {}
+        self._consumers: dict[int, Consumers] = {}
         self._next_id = 0
         self._tip: Position | None = None
         self._stop = threading.Event()
@@ -92,12 +105,16 @@ class Hub:
 
     # ---------------------------------------------------------------- subscribers
 
-    def subscribe(self, deliver: Deliver) -> int:
-        """Add a subscriber; its first message is `Start(tip)`, then batches after tip."""
+    def subscribe(self, deliver: Deliver, consumers: Consumers = _one) -> int:
+        """Add a subscriber; its first message is `Start(tip)`, then batches after tip.
+
+        `consumers` says how many consumers one delivery wakes (for read spacing).
+        """
         with self._lock:
             sub_id = self._next_id
             self._next_id += 1
             self._subscribers[sub_id] = deliver
+            self._consumers[sub_id] = consumers
             if self._tip is not None:
                 deliver(Start(self._tip))
             if not self._started:
@@ -109,6 +126,7 @@ class Hub:
         """Remove a subscriber; return True when it was the last one (hub stops)."""
         with self._lock:
             self._subscribers.pop(sub_id, None)
+            self._consumers.pop(sub_id, None)
             if self._subscribers:
                 return False
             self._stop.set()
@@ -182,7 +200,10 @@ class Hub:
             last = started
             rate = per_read / max(between, 1e-6)
             if rate > LIGHT_RATE:
-                spacing = READ_SPACING * min(1.0, rate / FULL_RATE)
+                with self._lock:
+                    consumers = sum(count() for count in self._consumers.values())
+                spacing = min(MAX_READ_SPACING, max(READ_SPACING, consumers * SPACING_PER_CONSUMER))
+                spacing *= min(1.0, rate / FULL_RATE)
                 self._stop.wait(max(0.0, started + spacing - time.monotonic()))
             if held_back:
                 repoll = MIN_REPOLL if progressed else min(repoll * 2, MAX_REPOLL)
@@ -262,7 +283,12 @@ _hubs_lock = threading.Lock()
 
 
 def acquire(
-    dsn: str, schema: str, mode: Mode, interval: float, deliver: Deliver
+    dsn: str,
+    schema: str,
+    mode: Mode,
+    interval: float,
+    deliver: Deliver,
+    consumers: Consumers = _one,
 ) -> tuple[Hub, int]:
     """Subscribe to this process's hub for (dsn, schema, mode, interval), starting it if needed."""
     # The pid: a forked child must not join its parent's hub (no thread there).
@@ -272,7 +298,7 @@ def acquire(
         if hub is None or hub._stop.is_set():
             hub = Hub(dsn, schema, mode, interval, key)
             _hubs[key] = hub
-        return hub, hub.subscribe(deliver)
+        return hub, hub.subscribe(deliver, consumers)
 
 
 def release(hub: Hub, sub_id: int) -> None:

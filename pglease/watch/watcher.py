@@ -257,6 +257,9 @@ class Watcher(_Base):
         """
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValidationError("max_events must be an int >= 1")
+        state = self._state
+        if state is not None and state.pending and not self._closed:
+            return state.take(max_events)
         first = self.get(timeout)
         if first is None:
             return []
@@ -390,6 +393,9 @@ class AsyncWatcher(_Base):
         """Every event already at hand (at least one), or [] after `timeout`."""
         if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
             raise ValidationError("max_events must be an int >= 1")
+        state = self._state
+        if state is not None and state.pending and not self._closed:
+            return state.take(max_events)
         first = await self.get(timeout)
         if first is None:
             return []
@@ -416,7 +422,9 @@ class _LoopFanout:
         self.tip: Position | None = None
         self._next = 0
         dsn, schema, mode, interval = key
-        self.hub, self.sub = _hub.acquire(dsn, schema, mode, interval, self._deliver)
+        self.hub, self.sub = _hub.acquire(
+            dsn, schema, mode, interval, self._deliver, self.members.__len__
+        )
 
     @classmethod
     def get(cls, loop: asyncio.AbstractEventLoop, key: tuple[Any, ...]) -> _LoopFanout:
