@@ -53,6 +53,10 @@ from pglease.postgres._core import Queries
 from pglease.watch import AsyncWatcher, WatchClosedError, Watcher
 
 PGBENCH_ID_BASE = 10**18
+#: Throughput runs: one event in LAG_SAMPLE (or the oldest of each
+#: batch) records how long after its creation (the writer's in-transaction
+#: clock_timestamp(), same host clock) it arrived: latency under saturation.
+LAG_SAMPLE = 64
 SCHEMA = "watch_bench"
 
 # ----------------------------------------------------------------------------- setup
@@ -152,15 +156,18 @@ def watchers_main(
         os.nice(nice)
     received: list[list[tuple[str, int, float]]] = [[] for _ in range(count)]
     counts = [0] * count
+    lags: list[list[float]] = [[] for _ in range(count)]
     batches = flavour.endswith("batch")
+    args = (dsn, schema, count, mode, received, counts, lags, batches, record)
     if flavour.startswith("async"):
-        cpu, reads = asyncio.run(
-            _async_watchers(dsn, schema, count, mode, received, counts, batches, record)
-        )
+        cpu, reads = asyncio.run(_async_watchers(*args))
     else:
-        cpu, reads = _sync_watchers(dsn, schema, count, mode, received, counts, batches, record)
+        cpu, reads = _sync_watchers(*args)
     result = received if record else counts
-    Path(out).write_text(json.dumps({"received": result, "cpu": cpu, "reads": reads}))
+    lag_ms = [x * 1000 for per_watcher in lags for x in per_watcher]
+    Path(out).write_text(
+        json.dumps({"received": result, "cpu": cpu, "reads": reads, "lag_ms": lag_ms})
+    )
 
 
 def _measure_until_stdin_closes(hub: Any) -> tuple[float, float]:
@@ -179,6 +186,7 @@ def _sync_watchers(
     mode: str,
     received: list[list[tuple[str, int, float]]],
     counts: list[int],
+    lags: list[list[float]],
     batches: bool,
     record: bool,
 ) -> tuple[float, float]:
@@ -189,6 +197,7 @@ def _sync_watchers(
 
     def consume(i: int) -> None:
         sink = received[i]
+        lag = lags[i]
         w = watchers[i]
         n = 0
         last = ""
@@ -198,6 +207,8 @@ def _sync_watchers(
                     if record:
                         now = clock()
                         sink.extend((e.resource_id, e.revision, now) for e in batch)
+                    else:
+                        lag.append(time.time() - batch[0].created_at.timestamp())
                     n += len(batch)
                     last = batch[-1].cursor
         elif record:
@@ -207,6 +218,8 @@ def _sync_watchers(
             for event in w:
                 n += 1
                 last = event.cursor
+                if not n % LAG_SAMPLE:
+                    lag.append(time.time() - event.created_at.timestamp())
         counts[i] = n or len(sink)
         cursors[i] = last
 
@@ -229,6 +242,7 @@ async def _async_watchers(
     mode: str,
     received: list[list[tuple[str, int, float]]],
     counts: list[int],
+    lags: list[list[float]],
     batches: bool,
     record: bool,
 ) -> tuple[float, float]:
@@ -239,6 +253,7 @@ async def _async_watchers(
 
         async def consume(i: int) -> None:
             sink = received[i]
+            lag = lags[i]
             w = watchers[i]
             n = 0
             last = ""
@@ -248,6 +263,8 @@ async def _async_watchers(
                         if record:
                             now = clock()
                             sink.extend((e.resource_id, e.revision, now) for e in batch)
+                        else:
+                            lag.append(time.time() - batch[0].created_at.timestamp())
                         n += len(batch)
                         last = batch[-1].cursor
             elif record:
@@ -257,6 +274,8 @@ async def _async_watchers(
                 async for event in w:
                     n += 1
                     last = event.cursor
+                    if not n % LAG_SAMPLE:
+                        lag.append(time.time() - event.created_at.timestamp())
             counts[i] = n or len(sink)
             cursors[i] = last
 
@@ -358,6 +377,7 @@ def throughput(
     delivered: dict[Config, list[float]] = {c: [] for c in configs}
     cpu: dict[Config, list[float]] = {c: [] for c in configs}
     reads: dict[Config, list[float]] = {c: [] for c in configs}
+    lag_ms: dict[Config, list[float]] = {c: [] for c in configs}
     baseline: Config = ("coalesced", 0, 0, "sync")
 
     def measure(config: Config) -> float:
@@ -376,6 +396,7 @@ def throughput(
             # Delivered by the time pgbench ended (a lagging consumer shows < 1).
             delivered[config].append(min(got["received"]) / max(1, after - before))
             reads[config].append(got["reads"])
+            lag_ms[config].extend(got["lag_ms"])
         tps[config].append(value)
         return value
 
@@ -414,9 +435,15 @@ def throughput(
                 "delivered": min(delivered[config]) if delivered[config] else None,
                 "watcher_cpu": statistics.median(cpu[config]) if cpu[config] else None,
                 "hub_reads_per_s": statistics.median(reads[config]) if reads[config] else None,
+                "lag_p50_ms": _quantile(lag_ms[config], 49),
+                "lag_p99_ms": _quantile(lag_ms[config], 98),
             }
         )
     return rows
+
+
+def _quantile(values: list[float], index: int) -> float | None:
+    return statistics.quantiles(values, n=100)[index] if len(values) >= 2 else None
 
 
 def latency(
@@ -532,17 +559,20 @@ def main(argv: list[str] | None = None) -> int:
     if "throughput" in result:
         print(
             "| _bump | watchers | kind | watcher nice | tps (median) | vs adjacent 0-watcher run"
-            " | delivered by end | watcher CPU | hub reads/s |"
+            " | delivered by end | watcher CPU | hub reads/s | lag p50 / p99 ms |"
         )
-        print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in result["throughput"]:
             d = "-" if r["delivered"] is None else f"{r['delivered']:.3f}"
             c = "-" if r["watcher_cpu"] is None else f"{r['watcher_cpu']:.2f} cores"
             h = "-" if r["hub_reads_per_s"] is None else f"{r['hub_reads_per_s']:.0f}"
+            lag = (
+                "-" if r["lag_p50_ms"] is None else f"{r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f}"
+            )
             print(
                 f"| {r['bump']} | {r['watchers']} | {r['flavour']} | {r['nice']}"
                 f" | {r['tps_median']:.0f}"
-                f" | {r['ratio']:.2f}x | {d} | {c} | {h} |"
+                f" | {r['ratio']:.2f}x | {d} | {c} | {h} | {lag} |"
             )
     print()
     print(
