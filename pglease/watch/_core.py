@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from psycopg import sql
@@ -88,20 +88,29 @@ def parse_page(rows: Sequence[Sequence[Any]], limit: int) -> Page:
     horizon = Position(int(first[3]), int(first[4]))
     events: list[Event] = []
     positions: list[Position] = []
-    for r in rows:
-        if r[5] is None:
-            continue
-        pos = Position(int(r[6]), r[5])
-        events.append(_event(r, pos))
-        positions.append(pos)
+    if first[5] is not None:
+        # Per event: the hub parses every event its process receives, once.
+        add_event, add_position = events.append, positions.append
+        for r in rows:
+            event_id, xid = r[5], r[6]
+            add_position(Position(int(xid), event_id))
+            add_event(_event(r, f"{xid}.{event_id}"))
     held_back = xmin != xmax or skippers
     return Page(events, positions, Position(xmin, 0), held_back, horizon, len(events) >= limit)
 
 
 _owners: dict[tuple[str, str], Owner] = {}
+_new_event = object.__new__
+# Event is frozen: its generated __init__ sets each field through
+# object.__setattr__, which costs twice as much as the slots' own setters.
+(
+    _set_id, _set_cursor, _set_resource_id, _set_resource_type, _set_resource_key,
+    _set_revision, _set_type, _set_actor, _set_lease_generation, _set_lease_expires_at,
+    _set_payload, _set_payload_sha256, _set_created_at,
+) = (getattr(Event, f.name).__set__ for f in fields(Event))  # fmt: skip
 
 
-def _event(r: Sequence[Any], pos: Position) -> Event:
+def _event(r: Sequence[Any], cursor: str) -> Event:
     """`parse_event` for the hot path: owners read back from the database were
     validated when written, so they are cached instead of re-validated."""
     owner = None
@@ -113,21 +122,21 @@ def _event(r: Sequence[Any], pos: Position) -> Event:
                 _owners.clear()
             owner = _owners[key] = Owner(*key)
     body, sha = r[16], r[17]
-    return Event(
-        id=r[5],
-        cursor=encode_cursor(pos),
-        resource_id=r[7],
-        resource_type=r[8],
-        resource_key=r[9],
-        revision=r[10],
-        type=r[11],
-        actor=owner,
-        lease_generation=r[14],
-        lease_expires_at=r[15],
-        payload=json.loads(body) if body is not None else None,
-        payload_sha256=bytes(sha) if sha is not None else None,
-        created_at=r[18],
-    )
+    event: Event = _new_event(Event)
+    _set_id(event, r[5])
+    _set_cursor(event, cursor)
+    _set_resource_id(event, r[7])
+    _set_resource_type(event, r[8])
+    _set_resource_key(event, r[9])
+    _set_revision(event, r[10])
+    _set_type(event, r[11])
+    _set_actor(event, owner)
+    _set_lease_generation(event, r[14])
+    _set_lease_expires_at(event, r[15])
+    _set_payload(event, json.loads(body) if body is not None else None)
+    _set_payload_sha256(event, bytes(sha) if sha is not None else None)
+    _set_created_at(event, r[18])
+    return event
 
 
 def parse_frontier(row: Sequence[Any]) -> tuple[Position, Position]:
