@@ -160,23 +160,41 @@ def watchers_main(
     batches = flavour.endswith("batch")
     args = (dsn, schema, count, mode, received, counts, lags, batches, record)
     if flavour.startswith("async"):
-        cpu, reads = asyncio.run(_async_watchers(*args))
+        cpu, reads, server = asyncio.run(_async_watchers(*args))
     else:
-        cpu, reads = _sync_watchers(*args)
+        cpu, reads, server = _sync_watchers(*args)
     result = received if record else counts
     lag_ms = [x * 1000 for per_watcher in lags for x in per_watcher]
     Path(out).write_text(
-        json.dumps({"received": result, "cpu": cpu, "reads": reads, "lag_ms": lag_ms})
+        json.dumps(
+            {"received": result, "cpu": cpu, "reads": reads, "server": server, "lag_ms": lag_ms}
+        )
     )
 
 
-def _measure_until_stdin_closes(hub: Any) -> tuple[float, float]:
-    """(CPU cores used, hub reads per second) between "ready" and stdin closing."""
+def _backend_cpu_seconds(hub: Any) -> float | None:
+    """CPU time of the hub connection's server process (local servers only)."""
+    conn = hub._conn
+    if conn is None:
+        return None
+    try:
+        fields = Path(f"/proc/{conn.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure_until_stdin_closes(hub: Any) -> tuple[float, float, float | None]:
+    """(CPU cores used, hub reads per second, CPU cores of the hub's server
+    process) between "ready" and stdin closing."""
     print("ready", flush=True)
     cpu0, wall0, reads0 = time.process_time(), time.monotonic(), hub.reads
+    server0 = _backend_cpu_seconds(hub)
     sys.stdin.read()
     wall = time.monotonic() - wall0
-    return (time.process_time() - cpu0) / wall, (hub.reads - reads0) / wall
+    server1 = _backend_cpu_seconds(hub)
+    server = None if server0 is None or server1 is None else (server1 - server0) / wall
+    return (time.process_time() - cpu0) / wall, (hub.reads - reads0) / wall, server
 
 
 def _sync_watchers(
@@ -189,7 +207,7 @@ def _sync_watchers(
     lags: list[list[float]],
     batches: bool,
     record: bool,
-) -> tuple[float, float]:
+) -> tuple[float, float, float | None]:
     clock = time.perf_counter
     cursors = [""] * count  # where each consumer would resume
     store = PostgresStore(dsn, schema=schema, max_size=4, auto_migrate=False)
@@ -227,12 +245,12 @@ def _sync_watchers(
     for t in threads:
         t.start()
     time.sleep(0.5)
-    cpu, reads = _measure_until_stdin_closes(watchers[0]._hub)
+    measured = _measure_until_stdin_closes(watchers[0]._hub)
     for w in watchers:
         w.close()
     for t in threads:
         t.join(5)
-    return cpu, reads
+    return measured
 
 
 async def _async_watchers(
@@ -245,7 +263,7 @@ async def _async_watchers(
     lags: list[list[float]],
     batches: bool,
     record: bool,
-) -> tuple[float, float]:
+) -> tuple[float, float, float | None]:
     clock = time.perf_counter
     cursors = [""] * count  # where each consumer would resume
     async with AsyncPostgresStore(dsn, schema=schema, max_size=4, auto_migrate=False) as store:
@@ -281,11 +299,11 @@ async def _async_watchers(
 
         tasks = [asyncio.create_task(consume(i)) for i in range(count)]
         await asyncio.sleep(0.5)
-        cpu, reads = await asyncio.to_thread(_measure_until_stdin_closes, watchers[0]._hub)
+        measured = await asyncio.to_thread(_measure_until_stdin_closes, watchers[0]._hub)
         for w in watchers:
             await w.aclose()
         await asyncio.wait(tasks, timeout=5)
-    return cpu, reads
+    return measured
 
 
 def writer_main(dsn: str, schema: str, seconds: float, out: str) -> None:
@@ -378,6 +396,7 @@ def throughput(
     cpu: dict[Config, list[float]] = {c: [] for c in configs}
     reads: dict[Config, list[float]] = {c: [] for c in configs}
     lag_ms: dict[Config, list[float]] = {c: [] for c in configs}
+    server_cpu: dict[Config, list[float]] = {c: [] for c in configs}
     baseline: Config = ("coalesced", 0, 0, "sync")
 
     def measure(config: Config) -> float:
@@ -396,6 +415,8 @@ def throughput(
             # Delivered by the time pgbench ended (a lagging consumer shows < 1).
             delivered[config].append(min(got["received"]) / max(1, after - before))
             reads[config].append(got["reads"])
+            if got["server"] is not None:
+                server_cpu[config].append(got["server"])
             lag_ms[config].extend(got["lag_ms"])
         tps[config].append(value)
         return value
@@ -435,6 +456,9 @@ def throughput(
                 "delivered": min(delivered[config]) if delivered[config] else None,
                 "watcher_cpu": statistics.median(cpu[config]) if cpu[config] else None,
                 "hub_reads_per_s": statistics.median(reads[config]) if reads[config] else None,
+                "hub_backend_cpu": (
+                    statistics.median(server_cpu[config]) if server_cpu[config] else None
+                ),
                 "lag_p50_ms": _quantile(lag_ms[config], 49),
                 "lag_p99_ms": _quantile(lag_ms[config], 98),
             }
@@ -559,12 +583,15 @@ def main(argv: list[str] | None = None) -> int:
     if "throughput" in result:
         print(
             "| _bump | watchers | kind | watcher nice | tps (median) | vs adjacent 0-watcher run"
-            " | delivered by end | watcher CPU | hub reads/s | lag p50 / p99 ms |"
+            " | delivered by end | watcher CPU (process + hub's server backend), cores"
+            " | hub reads/s | lag p50 / p99 ms |"
         )
         print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in result["throughput"]:
             d = "-" if r["delivered"] is None else f"{r['delivered']:.3f}"
-            c = "-" if r["watcher_cpu"] is None else f"{r['watcher_cpu']:.2f} cores"
+            c = "-" if r["watcher_cpu"] is None else f"{r['watcher_cpu']:.2f}"
+            if r["hub_backend_cpu"] is not None:
+                c += f" + {r['hub_backend_cpu']:.2f}"
             h = "-" if r["hub_reads_per_s"] is None else f"{r['hub_reads_per_s']:.0f}"
             lag = (
                 "-" if r["lag_p50_ms"] is None else f"{r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f}"

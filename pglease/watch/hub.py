@@ -66,6 +66,9 @@ SPACING_PER_CONSUMER = 0.00025
 MAX_READ_SPACING = 0.025
 LIGHT_RATE = 500.0
 FULL_RATE = 1000.0
+#: Listen mode: above this rate the hub UNLISTENs and polls at the read
+#: spacing; it LISTENs again below LIGHT_RATE.
+UNLISTEN_RATE = FULL_RATE
 #: Weight of the newest read in the event-rate estimate.
 RATE_SMOOTHING = 0.2
 #: The name of the hub's prepared read on its own connection.
@@ -102,6 +105,7 @@ class Hub:
         #: Counters for tests and benchmarks.
         self.reads = 0
         self.connects = 0
+        self.unlistens = 0
 
     # ---------------------------------------------------------------- subscribers
 
@@ -169,10 +173,12 @@ class Hub:
         conn = psycopg.connect(self.dsn, autocommit=True)
         self._conn = conn
         self.connects += 1
-        if self.mode == "listen":
+        channel = sql.Identifier(channel_name(self.schema))
+        listening = self.mode == "listen"
+        if listening:
             # LISTEN first (it commits at once in autocommit), then read: any
             # event committed after this point either is read now or notifies.
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(self.schema))))
+            conn.execute(sql.SQL("LISTEN {}").format(channel))
         # The read goes straight through libpq as a prepared statement, its rows
         # loaded by psycopg's C loaders: psycopg's cursor machinery would cost
         # more client CPU per read than the server spends on it.
@@ -201,21 +207,37 @@ class Hub:
             rate = per_read / max(between, 1e-6)
             if rate > LIGHT_RATE:
                 with self._lock:
-                    consumers = sum(count() for count in self._consumers.values())
+                    consumers = sum(of() for of in self._consumers.values())
                 spacing = min(MAX_READ_SPACING, max(READ_SPACING, consumers * SPACING_PER_CONSUMER))
                 spacing *= min(1.0, rate / FULL_RATE)
                 self._stop.wait(max(0.0, started + spacing - time.monotonic()))
+            if self.mode == "listen":
+                # Under sustained load the spaced reads find every event anyway,
+                # while each NOTIFY still interrupts our server process; stop
+                # listening until the load drops, then LISTEN and read again
+                # (the same order as at connect, so nothing can slip by).
+                if listening and rate > UNLISTEN_RATE:
+                    conn.execute(sql.SQL("UNLISTEN {}").format(channel))
+                    listening = False
+                    self.unlistens += 1
+                elif not listening and rate < LIGHT_RATE:
+                    conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    listening = True
+                    continue
             if held_back:
                 repoll = MIN_REPOLL if progressed else min(repoll * 2, MAX_REPOLL)
                 timeout = repoll
             else:
                 repoll = MIN_REPOLL
-                timeout = self.interval
-            self._wait(conn, timeout)
+                # Stopped listening under load: the spacing wait above already
+                # paced this read, so poll again at once, until the load drops.
+                paused = self.mode == "listen" and not listening
+                timeout = MIN_REPOLL if paused else self.interval
+            self._wait(conn, timeout, listening)
 
-    def _wait(self, conn: psycopg.Connection[Any], timeout: float) -> None:
-        """Sleep until a notification, the timeout, or stop."""
-        if self.mode == "poll":
+    def _wait(self, conn: psycopg.Connection[Any], timeout: float, listening: bool) -> None:
+        """Sleep until a notification (when listening), the timeout, or stop."""
+        if not listening:
             self._stop.wait(timeout)
             return
         deadline = time.monotonic() + timeout

@@ -1,0 +1,80 @@
+"""The hub under write load: spaced reads and UNLISTEN while busy, LISTEN again
+when the load drops, without losing or repeating an event (real PostgreSQL)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pglease import Owner, PostgresStore
+from pglease.types import Event
+from pglease.watch import Watcher
+
+
+def hammer(store: PostgresStore, rids: list[str], stop: threading.Event, done: list[int]) -> None:
+    owner = Owner("host", threading.current_thread().name)
+    n = 0
+    while not stop.is_set():
+        claim = store.claim(rids[n % len(rids)], owner, 5)
+        if claim is not None:
+            store.release(claim)
+        n += 1
+    done.append(n)
+
+
+def test_hub_stops_listening_under_load_and_listens_again(pg_store: PostgresStore) -> None:
+    # interval=30: a NOTIFY (or the spaced polling), never the fallback poll,
+    # must deliver everything below.
+    rids = [pg_store.ensure_resource("run", f"load{i}") for i in range(12)]
+    with Watcher(pg_store, interval=30) as w:
+        hub = w._hub
+        assert hub is not None
+        got: list[Event] = []
+        done: list[int] = []
+        stop = threading.Event()
+        writers = [
+            threading.Thread(target=hammer, args=(pg_store, rids[i::3], stop, done), name=f"w{i}")
+            for i in range(3)
+        ]
+        for t in writers:
+            t.start()
+        # Write for a second past the hub's switch to polling (at most 15 s).
+        started = time.monotonic()
+        switched = None
+        while time.monotonic() - started < 15:
+            got += w.get_batch(0.05)
+            if switched is None and hub.unlistens:
+                switched = time.monotonic()
+            if switched is not None and time.monotonic() - switched > 1:
+                break
+        stop.set()
+        for t in writers:
+            t.join()
+        log: list[Event] = []
+        while page := pg_store.events_after(log[-1].cursor if log else None, 10_000):
+            log += page
+        while len(got) < len(log):
+            batch = w.get_batch(5)
+            assert batch, f"stalled at {len(got)} of {len(log)} events"
+            got += batch
+        assert got == log
+        assert hub.unlistens >= 1, f"never stopped listening ({len(log)} events in 15 s)"
+        # Load gone: back to LISTEN; a single write arrives by NOTIFY, long
+        # before the 30 s fallback poll.
+        time.sleep(0.3)
+        claim = pg_store.claim(rids[0], Owner("host", "late"), 5)
+        assert claim is not None
+        late = w.get(5)
+        assert late is not None and late.revision == claim.revision
+        assert w.get(0.2) is None
+
+
+def test_idle_poll_mode_reads_at_its_interval(pg_store: PostgresStore) -> None:
+    with Watcher(pg_store, mode="poll", interval=0.05) as w:
+        hub = w._hub
+        assert hub is not None
+        time.sleep(0.3)
+        before = hub.reads
+        time.sleep(1.0)
+        # About 20 reads in a second; polling at the 1 ms re-poll would be hundreds.
+        assert 5 <= hub.reads - before <= 40
