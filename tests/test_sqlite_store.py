@@ -78,8 +78,7 @@ def test_changed_or_unknown_migrations_are_refused(db: Path) -> None:
     with pytest.raises(MigrationChecksumError):
         SqliteStore(db)
     query(db, "DELETE FROM schema_migrations")
-    query(db, "INSERT INTO schema_migrations VALUES (1, 'core', ?, 0)",
-          (_current_checksum(db),))
+    query(db, "INSERT INTO schema_migrations VALUES (1, 'core', ?, 0)", (_current_checksum(db),))
     query(db, "INSERT INTO schema_migrations VALUES (99, 'future', 'x', 0)")
     with pytest.raises(MigrationError, match="does not know"):
         SqliteStore(db)
@@ -205,6 +204,7 @@ def test_apply_cannot_end_the_transaction(store: SqliteStore, db: Path, escape: 
     assert store.get(rid).revision == 0 and store.events(rid) == []
     assert query(db, "SELECT count(*) FROM side") == [(0,)]
     assert query(db, "SELECT count(*) FROM payloads") == [(0,)]
+
     # savepoints inside the transaction are fine, and the store is still usable
     def nested(conn: sqlite3.Connection) -> str:
         conn.execute("SAVEPOINT s")
@@ -220,8 +220,7 @@ def test_payload_hash_conflict_is_refused(store: SqliteStore, db: Path) -> None:
     rid = store.ensure_resource("run", "t")
     body = '{"a":1}'
     sha = hashlib.sha256(body.encode()).digest()
-    query(db, "INSERT INTO payloads (sha256, body, created_at) VALUES (?, ?, 0)",
-          (sha, '{"a": 1}'))
+    query(db, "INSERT INTO payloads (sha256, body, created_at) VALUES (?, ?, 0)", (sha, '{"a": 1}'))
     with pytest.raises(PayloadConflictError):
         store.mutate(Permit(rid, 0), "run.step", payload={"a": 1})
     assert store.get(rid).revision == 0 and store.events(rid) == []
@@ -279,8 +278,9 @@ def test_threads_racing_on_one_store_get_one_winner(store: SqliteStore) -> None:
 async def test_async_tasks_racing_get_one_winner(db: Path) -> None:
     async with AsyncSqliteStore(db) as s:
         rid = await s.ensure_resource("run", "t")
-        claims = await asyncio.gather(*(s.claim(rid, Owner("host", f"t{i}"), 30)
-                                        for i in range(16)))
+        claims = await asyncio.gather(
+            *(s.claim(rid, Owner("host", f"t{i}"), 30) for i in range(16))
+        )
         assert [c.generation for c in claims if c is not None] == [1]
 
 
@@ -343,8 +343,11 @@ def _race_worker(path: str, worker: int, wins_wanted: int, start_at: float) -> l
             if claim is None:
                 time.sleep(random.uniform(0, 0.002))
                 continue
-            store.mutate(Permit(rid, claim.revision, claim), "run.step",
-                         payload={"worker": worker, "generation": claim.generation})
+            store.mutate(
+                Permit(rid, claim.revision, claim),
+                "run.step",
+                payload={"worker": worker, "generation": claim.generation},
+            )
             store.release(claim)
             won.append(claim.generation)
     return won
@@ -357,7 +360,8 @@ def test_processes_racing_on_one_file(tmp_path: Path, processes: int, wins: int)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(processes) as pool:
         results = pool.starmap(
-            _race_worker, [(path, i, wins, start_at) for i in range(processes)], chunksize=1)
+            _race_worker, [(path, i, wins, start_at) for i in range(processes)], chunksize=1
+        )
     total = processes * wins
     assert all(len(r) == wins for r in results)
     won = sorted(g for r in results for g in r)
@@ -370,9 +374,12 @@ def test_processes_racing_on_one_file(tmp_path: Path, processes: int, wins: int)
         assert state.revision == 3 * total and state.lease.generation == total
         # claimed -> step -> released, by the same holder, never interleaved
         for g in range(1, total + 1):
-            claimed, step, released = events[3 * (g - 1): 3 * g]
+            claimed, step, released = events[3 * (g - 1) : 3 * g]
             assert [claimed.type, step.type, released.type] == [
-                "lease.claimed", "run.step", "lease.released"]
+                "lease.claimed",
+                "run.step",
+                "lease.released",
+            ]
             assert claimed.lease_generation == step.lease_generation == g
             assert released.lease_generation == g
             assert claimed.actor is not None

@@ -80,8 +80,9 @@ def test_events_from_another_process_arrive_in_order(store: SqliteStore, tmp_pat
                 s.mutate(Permit({rid!r}, rev), "run.step", payload={{"n": rev}})
     """)
     with store.watch(after="start", interval=0.01) as watcher:
-        writer = subprocess.run([sys.executable, "-c", script], cwd=ROOT, timeout=60,
-                                capture_output=True, text=True)
+        writer = subprocess.run(
+            [sys.executable, "-c", script], cwd=ROOT, timeout=60, capture_output=True, text=True
+        )
         assert writer.returncode == 0, writer.stderr
         got = []
         while len(got) < 50 and (batch := watcher.get_batch(timeout=5)):
