@@ -25,6 +25,7 @@ from pglease.payloads import canonical_payload
 from pglease.types import MutationResult
 from pglease.watch import prune, prune_async
 from pglease.watch.prune import PruneResult
+from tests._lock_helpers import lock_waiters, wait_until
 
 LONG_AGO = datetime.now(UTC) - timedelta(days=2)
 DAY = 86400.0
@@ -48,24 +49,6 @@ def old_event(store: PostgresStore, rid: str, payload: Any) -> None:
     """An unleased write dated two days ago (`now=` sets the event's created_at)."""
     revision = store.get(rid).revision
     store.mutate(Permit(rid, revision), "run.old", payload=payload, now=LONG_AGO)
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
-def lock_waiters(dsn: str, needle: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND query LIKE %s",
-            [f"%{needle}%"],
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 class Background:

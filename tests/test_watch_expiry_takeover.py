@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -28,6 +27,7 @@ from pglease import (
 from pglease.postgres import _core
 from pglease.types import Event
 from pglease.watch import Watcher, reap_once
+from tests._lock_helpers import lock_waiters, wait_until
 
 A = Owner("host", "a")
 B = Owner("host", "b")
@@ -44,25 +44,6 @@ def expire(store: PostgresStore, rid: str, owner: Owner = A, ttl: float = 0.05) 
     assert claim is not None
     time.sleep(ttl + 0.05)
     return claim.generation
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
-def lock_waiters(dsn: str, needle: str) -> int:
-    """Backends waiting for a lock whose query contains `needle`."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND query LIKE %s",
-            [f"%{needle}%"],
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 # --------------------------------------------------------------------------- takeover
