@@ -58,6 +58,7 @@ class WatchQueries:
             " pruned_xid::text, pruned_id FROM {s}.event_horizon"
         )
         self.reap = q("SELECT {s}.reap_expired(%s)")
+        self.reap_next = q("SELECT lease_resource, reaped FROM {s}.reap_next(%s)")
         self.prune = q("SELECT {s}.prune_events(make_interval(secs => %s))")
 
 

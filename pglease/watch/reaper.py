@@ -2,9 +2,11 @@
 
 Any host may run one. A pglease lease on the resource (``pglease``,
 ``reaper``) elects one reaper at a time, to save work; correctness does not
-depend on it: `reap_expired` locks each lease row and writes the event at
-most once per generation (the `expired_generation` marker), so two reapers
-racing after a failover produce no duplicate.
+depend on it: `reap_next` (sql/0008_reap_per_lease.sql) reaps one lease per
+transaction, under the resource's advisory lock and the lease row lock like
+every writer, and writes the event at most once per generation (the
+`expired_generation` marker), so two reapers racing after a failover produce
+no duplicate.
 
 Bounded delay: an expired lease gets its event within `interval` (plus one
 reaper-lease TTL if the reaping host died) after its TTL ran out, or sooner: a
@@ -41,22 +43,44 @@ def _check_limit(limit: int) -> int:
 
 
 def reap_once(store: SyncStore, limit: int = DEFAULT_LIMIT) -> int:
-    """Write `lease.expired` for up to `limit` expired, unreaped leases; return how many."""
+    """Write `lease.expired` for up to `limit` expired, unreaped leases; return how many.
+
+    One lease per transaction (`reap_next`): a batch in one transaction could
+    be refused by the per-resource event-order guard as a whole whenever a
+    write to one of its later leases committed meanwhile. Leases a writer is
+    busy with are left for the next call.
+    """
+    limit = _check_limit(limit)
     q = WatchQueries(store.schema)
+    reaped = 0
+    after = ""
     with store.connection() as conn:
-        row = conn.execute(q.reap, [_check_limit(limit)]).fetchone()
-    assert row is not None
-    return int(row[0])
+        for _ in range(limit):
+            row = conn.execute(q.reap_next, [after]).fetchone()
+            conn.commit()
+            if row is None or row[0] is None:
+                break
+            after = row[0]
+            reaped += bool(row[1])
+    return reaped
 
 
 async def reap_once_async(store: AsyncStore, limit: int = DEFAULT_LIMIT) -> int:
     """Asyncio twin of `reap_once`."""
+    limit = _check_limit(limit)
     q = WatchQueries(store.schema)
+    reaped = 0
+    after = ""
     async with store.connection() as conn:
-        cur = await conn.execute(q.reap, [_check_limit(limit)])
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
+        for _ in range(limit):
+            cur = await conn.execute(q.reap_next, [after])
+            row = await cur.fetchone()
+            await conn.commit()
+            if row is None or row[0] is None:
+                break
+            after = row[0]
+            reaped += bool(row[1])
+    return reaped
 
 
 class _LeaseStore(SyncStore, Protocol):
