@@ -6,9 +6,14 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
+
 from pglease import Owner, PostgresStore
+from pglease.cursors import START
 from pglease.types import Event
 from pglease.watch import Watcher
+from pglease.watch._core import channel_name
+from pglease.watch.hub import Hub
 
 
 def hammer(store: PostgresStore, rids: list[str], stop: threading.Event, done: list[int]) -> None:
@@ -33,8 +38,8 @@ def test_hub_stops_listening_under_load_and_listens_again(pg_store: PostgresStor
         done: list[int] = []
         stop = threading.Event()
         writers = [
-            threading.Thread(target=hammer, args=(pg_store, rids[i::3], stop, done), name=f"w{i}")
-            for i in range(3)
+            threading.Thread(target=hammer, args=(pg_store, rids[i::4], stop, done), name=f"w{i}")
+            for i in range(4)
         ]
         for t in writers:
             t.start()
@@ -78,3 +83,26 @@ def test_idle_poll_mode_reads_at_its_interval(pg_store: PostgresStore) -> None:
         time.sleep(1.0)
         # About 20 reads in a second; polling at the 1 ms re-poll would be hundreds.
         assert 5 <= hub.reads - before <= 40
+
+
+def test_notify_received_with_a_read_wakes_the_hub(pg_store: PostgresStore, pg_dsn: str) -> None:
+    # A NOTIFY that reaches the hub's connection before or during its read is
+    # parsed by libpq along with the read's result and kept in libpq's own
+    # buffer, not the socket: waiting on the socket alone would sleep through
+    # it until the fallback poll. The hub must take it out and not wait.
+    hub = Hub(pg_dsn, pg_store.schema, "listen", 30.0, ("test", pg_store.schema))
+    conn = hub._open()
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as other:
+            other.execute("SELECT pg_notify(%s, '')", [channel_name(pg_store.schema)])
+        time.sleep(0.2)  # the notification is now waiting in our socket
+        hub._read(conn, START)
+        started = time.monotonic()
+        hub._wait(conn, 3.0, True)
+        assert time.monotonic() - started < 0.5
+        # Consumed: the next wait sleeps until its timeout.
+        started = time.monotonic()
+        hub._wait(conn, 0.3, True)
+        assert time.monotonic() - started >= 0.25
+    finally:
+        conn.close()

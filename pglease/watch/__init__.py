@@ -47,11 +47,20 @@ Reads under load
     A read costs the server about as much as a write, and each batch costs
     every subscriber a wake-up, so the hub does not read once per NOTIFY when
     busy. It keeps a smoothed event rate (events per read over time between
-    reads); above 500 events/s the next read starts at least 4-8 ms (8 ms from
-    1,000 events/s) after the previous one, which bounds the latency this adds.
-    Below that every NOTIFY is read at once. The read itself is a libpq
-    prepared statement on the hub's own connection, its rows loaded by
-    psycopg's C loaders. Async watchers of one event loop share one hub
+    reads); above 1,500 events/s the next read starts some time after the
+    previous one: 8 ms, or 0.25 ms per consumer a batch wakes when that is
+    more (25 ms at most), scaled down linearly below 3,000 events/s. That
+    bounds the reads and wake-ups per second and the latency added. Below
+    1,500 events/s every NOTIFY is read at once (a fair-queue handoff, for
+    one, waits on it). Above 3,000 events/s the hub also UNLISTENs, since its
+    spaced reads find every event anyway while each NOTIFY still interrupts
+    its server process; below 1,500 it LISTENs again, then reads.
+
+    The read itself is a libpq prepared statement on the hub's own
+    connection, its rows loaded by psycopg's C loaders. A NOTIFY that arrives
+    with a read's result stays in libpq's buffer, which a wait on the socket
+    would not see: the hub takes it out after every read and reads again
+    instead of waiting. Async watchers of one event loop share one hub
     subscription (one cross-thread call per batch); blocked sync watchers are
     woken in a chain, each waking the next, instead of all fighting for the
     GIL at once (`mailbox.WakeChain`).

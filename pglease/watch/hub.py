@@ -64,10 +64,12 @@ RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 READ_SPACING = 0.008
 SPACING_PER_CONSUMER = 0.00025
 MAX_READ_SPACING = 0.025
-LIGHT_RATE = 500.0
-FULL_RATE = 1000.0
+LIGHT_RATE = 1500.0
+FULL_RATE = 3000.0
 #: Listen mode: above this rate the hub UNLISTENs and polls at the read
-#: spacing; it LISTENs again below LIGHT_RATE.
+#: spacing; it LISTENs again below LIGHT_RATE. (LIGHT_RATE is high enough
+#: that a fair-queue handoff, a release then one waiter's claim, is never
+#: held up by spacing: those run at a few hundred per second.)
 UNLISTEN_RATE = FULL_RATE
 #: Weight of the newest read in the event-rate estimate.
 RATE_SMOOTHING = 0.2
@@ -90,6 +92,9 @@ class Hub:
         self.interval = interval
         self.key = key
         self._q = WatchQueries(schema)
+        self._channel = sql.Identifier(channel_name(schema))
+        #: A NOTIFY reached us during a read: the next wait must not block.
+        self._woken = False
         self._lock = threading.Lock()
         self._subscribers: dict[int, Deliver] = {}
         self._consumers: dict[int, Consumers] = {}
@@ -169,21 +174,26 @@ class Hub:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _session(self) -> None:
+    def _open(self) -> psycopg.Connection[Any]:
+        """Connect, LISTEN (listen mode) and prepare the read."""
         conn = psycopg.connect(self.dsn, autocommit=True)
         self._conn = conn
         self.connects += 1
-        channel = sql.Identifier(channel_name(self.schema))
-        listening = self.mode == "listen"
-        if listening:
+        if self.mode == "listen":
             # LISTEN first (it commits at once in autocommit), then read: any
             # event committed after this point either is read now or notifies.
-            conn.execute(sql.SQL("LISTEN {}").format(channel))
+            conn.execute(sql.SQL("LISTEN {}").format(self._channel))
         # The read goes straight through libpq as a prepared statement, its rows
         # loaded by psycopg's C loaders: psycopg's cursor machinery would cost
         # more client CPU per read than the server spends on it.
         check_result(conn, conn.pgconn.prepare(READ_STATEMENT, self._q.read_prepared), _COMMAND_OK)
         self._loader = Transformer.from_context(conn)
+        return conn
+
+    def _session(self) -> None:
+        conn = self._open()
+        channel = self._channel
+        listening = self.mode == "listen"
         if self._tip is None:
             row = conn.execute(self._q.frontier).fetchone()
             assert row is not None
@@ -240,6 +250,9 @@ class Hub:
         if not listening:
             self._stop.wait(timeout)
             return
+        if self._woken:
+            self._woken = False
+            return
         deadline = time.monotonic() + timeout
         while not self._stop.is_set():
             left = deadline - time.monotonic()
@@ -286,9 +299,19 @@ class Hub:
 
     def _read(self, conn: psycopg.Connection[Any], after: Position) -> Page:
         args = [str(arg).encode() for arg in read_args(after, END, PAGE)]
-        result = conn.pgconn.exec_prepared(READ_STATEMENT, args)
+        # Any notification received before this read starts is covered by its
+        # snapshot (its writer had committed).
+        self._woken = False
+        pgconn = conn.pgconn
+        result = pgconn.exec_prepared(READ_STATEMENT, args)
         check_result(conn, result, _TUPLES_OK)
         self.reads += 1
+        # libpq keeps a NOTIFY that arrived with the result in its own buffer,
+        # where psycopg's `notifies()` (which waits on the socket first) would
+        # not see it until more data came: take it out now, or its writer's
+        # event would wait for the fallback poll.
+        while pgconn.notifies() is not None:
+            self._woken = True
         loader = self._loader
         assert loader is not None
         loader.set_pgresult(result)
