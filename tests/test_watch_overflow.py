@@ -43,7 +43,7 @@ def test_slow_watcher_overflows_and_loses_nothing(pg_store: PostgresStore) -> No
         assert len(drain(fast, 2 * CYCLES)) == 2 * CYCLES
         # The bound holds: at most 3 queued events, or one batch on its own
         # (a batch bigger than the bound is let into an empty mailbox).
-        queued = [item for item in slow._sync_mailbox._items if isinstance(item, Batch)]
+        queued = [item for item in slow._mailbox._items if isinstance(item, Batch)]
         assert sum(len(b.events) for b in queued) <= 3 or len(queued) == 1
         assert slow.overflows == 1 and fast.overflows == 0
         got = drain(slow, 2 * CYCLES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from psycopg import sql
@@ -57,7 +57,6 @@ class WatchQueries:
             "SELECT pg_snapshot_xmin(pg_current_snapshot())::text,"
             " pruned_xid::text, pruned_id FROM {s}.event_horizon"
         )
-        self.reap = q("SELECT {s}.reap_expired(%s)")
         self.reap_next = q("SELECT lease_resource, reaped FROM {s}.reap_next(%s)")
         self.prune = q("SELECT {s}.prune_events(make_interval(secs => %s))")
 
@@ -101,14 +100,6 @@ def parse_page(rows: Sequence[Sequence[Any]], limit: int) -> Page:
 
 
 _owners: dict[tuple[str, str], Owner] = {}
-_new_event = object.__new__
-# Event is frozen: its generated __init__ sets each field through
-# object.__setattr__, which costs twice as much as the slots' own setters.
-(
-    _set_id, _set_cursor, _set_resource_id, _set_resource_type, _set_resource_key,
-    _set_revision, _set_type, _set_actor, _set_lease_generation, _set_lease_expires_at,
-    _set_payload, _set_payload_sha256, _set_created_at,
-) = (getattr(Event, f.name).__set__ for f in fields(Event))  # fmt: skip
 
 
 def _event(r: Sequence[Any], cursor: str) -> Event:
@@ -123,21 +114,21 @@ def _event(r: Sequence[Any], cursor: str) -> Event:
                 _owners.clear()
             owner = _owners[key] = Owner(*key)
     body, sha = r[16], r[17]
-    event: Event = _new_event(Event)
-    _set_id(event, r[5])
-    _set_cursor(event, cursor)
-    _set_resource_id(event, r[7])
-    _set_resource_type(event, r[8])
-    _set_resource_key(event, r[9])
-    _set_revision(event, r[10])
-    _set_type(event, r[11])
-    _set_actor(event, owner)
-    _set_lease_generation(event, r[14])
-    _set_lease_expires_at(event, r[15])
-    _set_payload(event, json.loads(body) if body is not None else None)
-    _set_payload_sha256(event, bytes(sha) if sha is not None else None)
-    _set_created_at(event, r[18])
-    return event
+    return Event(
+        id=r[5],
+        cursor=cursor,
+        resource_id=r[7],
+        resource_type=r[8],
+        resource_key=r[9],
+        revision=r[10],
+        type=r[11],
+        actor=owner,
+        lease_generation=r[14],
+        lease_expires_at=r[15],
+        payload=json.loads(body) if body is not None else None,
+        payload_sha256=bytes(sha) if sha is not None else None,
+        created_at=r[18],
+    )
 
 
 def parse_frontier(row: Sequence[Any]) -> tuple[Position, Position]:

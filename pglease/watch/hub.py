@@ -192,7 +192,6 @@ class Hub:
 
     def _session(self) -> None:
         conn = self._open()
-        channel = self._channel
         listening = self.mode == "listen"
         if self._tip is None:
             row = conn.execute(self._q.frontier).fetchone()
@@ -227,11 +226,11 @@ class Hub:
                 # listening until the load drops, then LISTEN and read again
                 # (the same order as at connect, so nothing can slip by).
                 if listening and rate > UNLISTEN_RATE:
-                    conn.execute(sql.SQL("UNLISTEN {}").format(channel))
+                    conn.execute(sql.SQL("UNLISTEN {}").format(self._channel))
                     listening = False
                     self.unlistens += 1
                 elif not listening and rate < LIGHT_RATE:
-                    conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    conn.execute(sql.SQL("LISTEN {}").format(self._channel))
                     listening = True
                     continue
             if held_back:

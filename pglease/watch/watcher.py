@@ -100,7 +100,6 @@ class _Base:
         self._hub: _hub.Hub | None = None
         self._sub = 0
         self._closed = False
-        self._mailbox: SyncMailbox | AsyncMailbox | None = None
 
     @property
     def cursor(self) -> str:
@@ -126,16 +125,10 @@ class _Base:
         assert state.join is not None
         return read_args(state.position, state.join, PAGE)
 
-    @property
-    def overflows(self) -> int:
-        """How often this watcher fell `max_pending` events behind the stream
-        and read the missed span from the log instead (nothing is lost)."""
-        return self._mailbox.overflows if self._mailbox is not None else 0
-
-    def _on_item(self, state: WatchState, item: Item) -> None:
+    @staticmethod
+    def _on_item(state: WatchState, item: Item, mailbox: SyncMailbox | AsyncMailbox) -> None:
         if item is OVERFLOW:
-            assert self._mailbox is not None
-            state.rejoin(self._mailbox.rejoin())
+            state.rejoin(mailbox.rejoin())
         elif item is not None:
             state.on_message(item)  # type: ignore[arg-type]
 
@@ -172,7 +165,7 @@ class Watcher(_Base):
     ) -> None:
         super().__init__(store, after, types, resources, event_types, mode, interval, max_pending)
         self._store = store
-        mailbox = self._mailbox = SyncMailbox(self.max_pending)
+        self._mailbox = SyncMailbox(self.max_pending)
         position = self._position
         if position is None:
             with store.connection() as conn:
@@ -180,8 +173,13 @@ class Watcher(_Base):
             assert row is not None
             position = parse_frontier(row)[0]
         self._state = WatchState(position, self._from_start, self._filters)
-        self._sync_mailbox = mailbox
-        self._subscribe(mailbox.deliver)
+        self._subscribe(self._mailbox.deliver)
+
+    @property
+    def overflows(self) -> int:
+        """How often this watcher fell `max_pending` events behind the stream
+        and read the missed span from the log instead (nothing is lost)."""
+        return self._mailbox.overflows
 
     def __enter__(self) -> Watcher:
         return self
@@ -193,7 +191,7 @@ class Watcher(_Base):
         """Stop watching; a blocked `get`/iteration returns. Safe from any thread."""
         if not self._closed:
             self._closed = True
-            self._sync_mailbox.close()
+            self._mailbox.close()
             self._unsubscribe()
 
     def __iter__(self) -> Iterator[Event]:
@@ -245,10 +243,10 @@ class Watcher(_Base):
                 state.on_page(parse_page(rows, PAGE))
                 continue
             try:
-                item = self._sync_mailbox.get(_SLICE if left is None else min(left, _SLICE))
+                item = self._mailbox.get(_SLICE if left is None else min(left, _SLICE))
             except queue.Empty:
                 continue
-            self._on_item(state, item)
+            self._on_item(state, item, self._mailbox)
 
     def get_batch(self, timeout: float | None = None, max_events: int = 10_000) -> list[Event]:
         """Every event already at hand (at least one), or [] after `timeout`.
@@ -289,9 +287,15 @@ class AsyncWatcher(_Base):
     ) -> None:
         super().__init__(store, after, types, resources, event_types, mode, interval, max_pending)
         self._store = store
-        self._amailbox: AsyncMailbox | None = None
+        self._mailbox: AsyncMailbox | None = None
         self._fanout: _LoopFanout | None = None
         self._member = 0
+
+    @property
+    def overflows(self) -> int:
+        """How often this watcher fell `max_pending` events behind the stream
+        and read the missed span from the log instead (nothing is lost)."""
+        return self._mailbox.overflows if self._mailbox is not None else 0
 
     async def start(self) -> AsyncWatcher:
         """Resolve ``"now"`` and join the hub (done by the first `get` otherwise)."""
@@ -307,7 +311,7 @@ class AsyncWatcher(_Base):
             assert row is not None
             position = parse_frontier(row)[0]
         self._state = WatchState(position, self._from_start, self._filters)
-        mailbox = self._mailbox = self._amailbox = AsyncMailbox(self.max_pending)
+        mailbox = self._mailbox = AsyncMailbox(self.max_pending)
         key = (self._dsn, self._schema, self.mode, self.interval)
         self._fanout = _LoopFanout.get(asyncio.get_running_loop(), key)
         self._member = self._fanout.join(mailbox)
@@ -324,8 +328,8 @@ class AsyncWatcher(_Base):
         """Stop watching; a pending `get` returns."""
         if not self._closed:
             self._closed = True
-            if self._amailbox is not None:
-                self._amailbox.close()
+            if self._mailbox is not None:
+                self._mailbox.close()
             if self._fanout is not None:
                 self._fanout.leave(self._member)
                 self._fanout = None
@@ -351,7 +355,7 @@ class AsyncWatcher(_Base):
     async def get(self, timeout: float | None = None) -> Event | None:
         """The next event, or None after `timeout` seconds (None: wait forever)."""
         await self.start()
-        state, mailbox = self._state, self._amailbox
+        state, mailbox = self._state, self._mailbox
         assert state is not None and mailbox is not None
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -385,7 +389,7 @@ class AsyncWatcher(_Base):
                 item = await mailbox.get(left)
             except TimeoutError:
                 return None
-            self._on_item(state, item)
+            self._on_item(state, item, mailbox)
 
     async def get_batch(
         self, timeout: float | None = None, max_events: int = 10_000
