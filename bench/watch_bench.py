@@ -12,6 +12,22 @@ notifies on every operation (0 watchers), and optionally (``--nice``) with
 the watcher process at a low CPU priority, which separates what the database
 pays for watchers from the CPU the Python consumers need on a 2-core host.
 
+``--isolate`` models the production layout, where watchers run on other
+hosts than the database: the server's processes and pgbench are pinned to
+every CPU but the last, the watcher process to the last one (Linux CPU
+affinity; a local server only). The watcher process's own CPU then no longer
+competes with the database, and the ratio is what watchers cost the writers
+through the database: the hub's reads, its LISTEN and the writers' NOTIFYs.
+The hub's server process stays on the database's CPUs, as it would.
+
+Besides throughput, every run records CPU time per event: the server's (its
+postmaster, live processes and exited backends, from /proc; a local server
+only), pgbench's, and the watcher process's. Their paired ratios, "CPU cost
+ratios", are what the throughput ratio would be on a host whose CPUs are the
+only bottleneck: the database side alone (server + pgbench: watchers on other
+hosts) and everything on one host. CPU time does not accrue while the VM is
+descheduled, so these ratios are far steadier than tps on a shared host.
+
 Latency: a writer process does claim + release cycles (a few hundred events/s)
 while 1 or 100 watchers in another process receive them. "p50/p99" is the
 watcher's receive time minus the moment the writer's call returned (the
@@ -32,14 +48,16 @@ import json
 import os
 import random
 import re
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -53,11 +71,33 @@ from pglease.postgres._core import Queries
 from pglease.watch import AsyncWatcher, WatchClosedError, Watcher
 
 PGBENCH_ID_BASE = 10**18
+#: (watchers, kind) of the latency runs.
+LATENCY_CONFIGS = (
+    (1, "sync"),
+    (100, "sync"),
+    (100, "sync-batch"),
+    (1, "async"),
+    (100, "async"),
+    (100, "async-batch"),
+)
 #: Throughput runs: one event in LAG_SAMPLE (or the oldest of each
 #: batch) records how long after its creation (the writer's in-transaction
 #: clock_timestamp(), same host clock) it arrived: latency under saturation.
 LAG_SAMPLE = 64
 SCHEMA = "watch_bench"
+
+
+#: A throughput configuration: (_bump variant, watchers, nice, kind).
+class Run(NamedTuple):
+    """One pgbench run: tps, and CPU microseconds per event (None: remote server)."""
+
+    tps: float
+    db_us: float | None
+    watcher_us: float
+
+
+Config = tuple[str, int, int, str]
+
 
 # ----------------------------------------------------------------------------- setup
 
@@ -117,7 +157,11 @@ def pgbench_script(schema: str, resources: int) -> str:
     return f"\\set rid random({lo}, {hi})\n{claim} \\gset\n\\if :claimed\n{release}\n\\endif\n"
 
 
-def run_pgbench(dsn: str, script: str, clients: int, seconds: int) -> float:
+def run_pgbench(
+    dsn: str, script: str, clients: int, seconds: int, cpus: set[int] | None = None
+) -> tuple[float, float]:
+    """(tps, CPU seconds pgbench used)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as f:
         f.write(script)
         f.flush()
@@ -125,11 +169,85 @@ def run_pgbench(dsn: str, script: str, clients: int, seconds: int) -> float:
             find_pgbench(), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
             "-T", str(seconds), "-D", "tok=\\x00", "-f", f.name, dsn,
         ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        pin = None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, preexec_fn=pin)
     m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", proc.stdout)
     if proc.returncode != 0 or not m:
         raise SystemExit(f"pgbench failed:\n{proc.stdout}\n{proc.stderr}")
-    return float(m[1])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return float(m[1]), after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def split_cpus() -> tuple[set[int], set[int]]:
+    """(the database's CPUs, the watcher process's CPU) for ``--isolate``."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--isolate needs at least 2 CPUs")
+    return set(cpus[:-1]), {cpus[-1]}
+
+
+def pin_server(dsn: str, cpus: set[int]) -> int:
+    """Pin the server's postmaster and every process it has started to `cpus`
+    (backends forked later inherit the postmaster's affinity); return how many
+    processes were pinned."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        backend = conn.info.backend_pid
+        try:
+            postmaster = _parent_pid(backend)
+        except OSError as exc:
+            raise SystemExit(f"--isolate needs a local server: {exc}") from None
+    pinned = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            if pid == postmaster or _parent_pid(pid) == postmaster:
+                os.sched_setaffinity(pid, cpus)
+                pinned += 1
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+    if not pinned:
+        raise SystemExit("--isolate: could not pin the server's processes")
+    return pinned
+
+
+def _parent_pid(pid: int) -> int:
+    return int(_stat(pid)[1])
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name (field 3 on)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def postmaster_pid(dsn: str) -> int | None:
+    """The local server's postmaster, or None (remote server: no CPU figures)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        backend = conn.info.backend_pid
+        try:
+            return _parent_pid(backend)
+        except OSError:
+            return None
+
+
+def server_cpu_seconds(postmaster: int) -> float:
+    """CPU the server has used: the postmaster with its exited children (each
+    backend's time joins the postmaster's cutime/cstime when it is reaped)
+    and its live processes."""
+    ticks = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile
+        if int(entry.name) == postmaster:
+            ticks += sum(int(f) for f in fields[11:15])
+        elif int(fields[1]) == postmaster:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def event_count(dsn: str, schema: str) -> int:
@@ -143,7 +261,15 @@ def event_count(dsn: str, schema: str) -> int:
 
 
 def watchers_main(
-    dsn: str, schema: str, count: int, out: str, mode: str, nice: int, flavour: str, record: bool
+    dsn: str,
+    schema: str,
+    count: int,
+    out: str,
+    mode: str,
+    nice: int,
+    flavour: str,
+    record: bool,
+    cpus: set[int] | None,
 ) -> None:
     """Hold `count` watchers until stdin closes; dump what they got and the CPU used.
 
@@ -154,6 +280,8 @@ def watchers_main(
     """
     if nice:
         os.nice(nice)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
     received: list[list[tuple[str, int, float]]] = [[] for _ in range(count)]
     counts = [0] * count
     lags: list[list[float]] = [[] for _ in range(count)]
@@ -339,6 +467,7 @@ def spawn_watchers(
     nice: int = 0,
     flavour: str = "sync",
     record: bool = False,
+    cpus: set[int] | None = None,
 ) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [
@@ -353,6 +482,7 @@ def spawn_watchers(
             str(nice),
             flavour,
             "record" if record else "count",
+            ",".join(map(str, sorted(cpus))) if cpus else "-",
         ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -381,7 +511,6 @@ def throughput(
 ) -> list[dict[str, Any]]:
     variants = bump_variants(dsn, schema)
     # (bump variant, watchers, nice of the watcher process, sync or async watchers)
-    Config = tuple[str, int, int, str]
     configs: list[Config] = [("coalesced", n, 0, "sync") for n in args.watchers]
     for extra in args.extra:
         n, _, kind = extra.partition(":")
@@ -397,18 +526,37 @@ def throughput(
     reads: dict[Config, list[float]] = {c: [] for c in configs}
     lag_ms: dict[Config, list[float]] = {c: [] for c in configs}
     server_cpu: dict[Config, list[float]] = {c: [] for c in configs}
+    db_cpu_us: dict[Config, list[float]] = {c: [] for c in configs}
+    cost_db: dict[Config, list[float]] = {c: [] for c in configs}
+    cost_all: dict[Config, list[float]] = {c: [] for c in configs}
     baseline: Config = ("coalesced", 0, 0, "sync")
+    db_cpus: set[int] | None = None
+    watcher_cpus: set[int] | None = None
+    if args.isolate:
+        db_cpus, watcher_cpus = split_cpus()
+        pinned = pin_server(dsn, db_cpus)
+        print(
+            f"  isolated: {pinned} server processes and pgbench on CPUs {sorted(db_cpus)},"
+            f" watchers on {sorted(watcher_cpus)}",
+            flush=True,
+        )
 
-    def measure(config: Config) -> float:
+    postmaster = postmaster_pid(dsn)
+
+    def measure(config: Config) -> Run:
         variant, n, nice, flavour = config
         set_bump(dsn, variants[variant])
         proc = None
         out = tempfile.mktemp(suffix=".json")
         if n:
-            proc = spawn_watchers(dsn, schema, n, out, args.mode, nice, flavour)
+            proc = spawn_watchers(dsn, schema, n, out, args.mode, nice, flavour, cpus=watcher_cpus)
         before = event_count(dsn, schema)
-        value = run_pgbench(dsn, script, args.clients, args.seconds)
+        server0 = server_cpu_seconds(postmaster) if postmaster else 0.0
+        value, pgbench_cpu = run_pgbench(dsn, script, args.clients, args.seconds, db_cpus)
+        server1 = server_cpu_seconds(postmaster) if postmaster else 0.0
         after = event_count(dsn, schema)
+        events = max(1, after - before)
+        watcher_cpu = 0.0
         if proc is not None:
             got = stop_watchers(proc, out)
             cpu[config].append(got["cpu"])
@@ -418,28 +566,21 @@ def throughput(
             if got["server"] is not None:
                 server_cpu[config].append(got["server"])
             lag_ms[config].extend(got["lag_ms"])
+            # Cores over the measured span, which pgbench's run lies within.
+            watcher_cpu = got["cpu"] * args.seconds
         tps[config].append(value)
-        return value
+        db_us = (server1 - server0 + pgbench_cpu) / events * 1e6 if postmaster else None
+        if db_us is not None:
+            db_cpu_us[config].append(db_us)
+        return Run(value, db_us, watcher_cpu / events * 1e6)
 
-    # The host is shared and its speed drifts by 2x within minutes, so every
-    # configuration is measured right next to a fresh 0-watcher baseline (order
-    # alternating) and compared with it: the ratio is the median of those pairs.
-    for rnd in range(args.rounds):
-        order = [c for c in configs if c != baseline]
-        if rnd % 2:
-            order.reverse()
-        for config in order:
-            first, second = (baseline, config) if rnd % 2 == 0 else (config, baseline)
-            a, b = measure(first), measure(second)
-            base_tps, value = (a, b) if first == baseline else (b, a)
-            ratios[config].append(value / base_tps)
-            variant, n, nice, flavour = config
-            print(
-                f"  round {rnd + 1}: {variant:16s} watchers={n:3d} {flavour:11s} nice={nice:2d}"
-                f"  {value:8.0f} tps  baseline {base_tps:8.0f}  ratio {value / base_tps:.2f}",
-                flush=True,
-            )
-    set_bump(dsn, variants["coalesced"])
+    try:
+        _paired_rounds(args, configs, baseline, measure, ratios, cost_db, cost_all)
+    finally:
+        set_bump(dsn, variants["coalesced"])
+        if db_cpus is not None:
+            # Leave a server we were given (--dsn) as we found it.
+            pin_server(dsn, set(os.sched_getaffinity(0)))
     rows = []
     for config in configs:
         variant, n, nice, flavour = config
@@ -461,9 +602,55 @@ def throughput(
                 ),
                 "lag_p50_ms": _quantile(lag_ms[config], 49),
                 "lag_p99_ms": _quantile(lag_ms[config], 98),
+                "db_cpu_us_per_event": _median(db_cpu_us[config]),
+                "cost_ratio_db": _median(cost_db[config]),
+                "cost_ratio_all": _median(cost_all[config]),
             }
         )
     return rows
+
+
+def _paired_rounds(
+    args: argparse.Namespace,
+    configs: list[Config],
+    baseline: Config,
+    measure: Callable[[Config], Run],
+    ratios: dict[Config, list[float]],
+    cost_db: dict[Config, list[float]],
+    cost_all: dict[Config, list[float]],
+) -> None:
+    # The host is shared and its speed drifts by 2x within minutes, so every
+    # configuration is measured right next to a fresh 0-watcher baseline (order
+    # alternating) and compared with it: the ratio is the median of those pairs.
+    for rnd in range(args.rounds):
+        order = [c for c in configs if c != baseline]
+        if rnd % 2:
+            order.reverse()
+        for config in order:
+            first, second = (baseline, config) if rnd % 2 == 0 else (config, baseline)
+            a, b = measure(first), measure(second)
+            base, run = (a, b) if first == baseline else (b, a)
+            ratios[config].append(run.tps / base.tps)
+            costs = ""
+            if base.db_us is not None and run.db_us is not None:
+                cost_db[config].append(base.db_us / run.db_us)
+                cost_all[config].append(base.db_us / (run.db_us + run.watcher_us))
+                costs = (
+                    f"  CPU/event {run.db_us:.0f}+{run.watcher_us:.0f} us"
+                    f" (baseline {base.db_us:.0f})"
+                    f"  cost ratios {cost_db[config][-1]:.2f} / {cost_all[config][-1]:.2f}"
+                )
+            variant, n, nice, flavour = config
+            print(
+                f"  round {rnd + 1}: {variant:16s} watchers={n:3d} {flavour:11s} nice={nice:2d}"
+                f"  {run.tps:8.0f} tps  baseline {base.tps:8.0f}"
+                f"  ratio {run.tps / base.tps:.2f}{costs}",
+                flush=True,
+            )
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def _quantile(values: list[float], index: int) -> float | None:
@@ -509,12 +696,17 @@ def latency(
     }
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_watchers":
+        cpus = None if argv[9] == "-" else {int(c) for c in argv[9].split(",")}
         watchers_main(
             argv[1], argv[2], int(argv[3]), argv[4], argv[5], int(argv[6]), argv[7],
-            argv[8] == "record",
+            argv[8] == "record", cpus,
         )  # fmt: skip
         return 0
     if argv and argv[0] == "_writer":
@@ -546,6 +738,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=["listen", "poll"], default="listen")
     p.add_argument("--skip-variants", action="store_true", help="skip the no/every-op NOTIFY rows")
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--skip-latency", action="store_true")
+    p.add_argument(
+        "--isolate",
+        action="store_true",
+        help="throughput runs: server and pgbench on all CPUs but the last, watchers on the last"
+        " (watchers on other hosts than the database, as in production)",
+    )
     p.add_argument("--json", help="also write the results to this file")
     args = p.parse_args(argv)
 
@@ -560,14 +759,7 @@ def main(argv: list[str] | None = None) -> int:
             script = pgbench_script(SCHEMA, args.resources)
             result["throughput"] = throughput(dsn, SCHEMA, args, script)
         result["latency"] = []
-        for n, flavour in (
-            (1, "sync"),
-            (100, "sync"),
-            (100, "sync-batch"),
-            (1, "async"),
-            (100, "async"),
-            (100, "async-batch"),
-        ):
+        for n, flavour in () if args.skip_latency else LATENCY_CONFIGS:
             print(f"latency with {n} {flavour} watcher(s)...", flush=True)
             result["latency"].append(
                 latency(dsn, SCHEMA, n, args.latency_seconds, args.mode, flavour)
@@ -584,9 +776,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "| _bump | watchers | kind | watcher nice | tps (median) | vs adjacent 0-watcher run"
             " | delivered by end | watcher CPU (process + hub's server backend), cores"
-            " | hub reads/s | lag p50 / p99 ms |"
+            " | hub reads/s | lag p50 / p99 ms | server+pgbench CPU us/event"
+            " | CPU cost ratio: database side / all on one host |"
         )
-        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in result["throughput"]:
             d = "-" if r["delivered"] is None else f"{r['delivered']:.3f}"
             c = "-" if r["watcher_cpu"] is None else f"{r['watcher_cpu']:.2f}"
@@ -596,10 +789,12 @@ def main(argv: list[str] | None = None) -> int:
             lag = (
                 "-" if r["lag_p50_ms"] is None else f"{r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f}"
             )
+            db = _fmt(r["db_cpu_us_per_event"], ".0f")
+            costs = f"{_fmt(r['cost_ratio_db'], '.2f')} / {_fmt(r['cost_ratio_all'], '.2f')}"
             print(
                 f"| {r['bump']} | {r['watchers']} | {r['flavour']} | {r['nice']}"
                 f" | {r['tps_median']:.0f}"
-                f" | {r['ratio']:.2f}x | {d} | {c} | {h} | {lag} |"
+                f" | {r['ratio']:.2f}x | {d} | {c} | {h} | {lag} | {db} | {costs} |"
             )
     print()
     print(
