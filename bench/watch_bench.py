@@ -649,6 +649,49 @@ def _paired_rounds(
             )
 
 
+def thread_handoff_floor(threads: int, rounds: int = 200) -> dict[str, float]:
+    """What waking `threads` blocked Python threads costs, with no pglease code.
+
+    Each thread blocks on its own lock and, once woken, releases the next
+    one's: the fastest a batch can reach every one of them while the GIL
+    lets one run at a time. Returns the p50/p99 over rounds and threads of
+    the delay from the first release until each thread ran, in ms.
+    """
+    locks = [threading.Lock() for _ in range(threads + 1)]
+    for lock in locks:
+        lock.acquire()
+    woke = [0.0] * threads
+    stop = False
+    clock = time.perf_counter
+
+    def run(i: int) -> None:
+        while True:
+            locks[i].acquire()
+            woke[i] = clock()
+            locks[i + 1].release()
+            if stop:
+                return
+
+    pool = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(threads)]
+    for t in pool:
+        t.start()
+    delays: list[float] = []
+    steps: list[float] = []
+    for _ in range(rounds):
+        start = clock()
+        locks[0].release()
+        locks[threads].acquire()
+        delays.extend((w - start) * 1000 for w in woke)
+        steps.append((woke[-1] - start) / threads * 1e6)
+        time.sleep(0.003)
+    stop = True
+    locks[0].release()
+    for t in pool:
+        t.join(5)
+    q = statistics.quantiles(delays, n=100)
+    return {"p50_ms": q[49], "p99_ms": q[98], "step_us": statistics.median(steps)}
+
+
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -764,6 +807,8 @@ def main(argv: list[str] | None = None) -> int:
             result["latency"].append(
                 latency(dsn, SCHEMA, n, args.latency_seconds, args.mode, flavour)
             )
+        if not args.skip_latency:
+            result["handoff_floor"] = thread_handoff_floor(100)
         return result
 
     if args.dsn:
@@ -808,6 +853,13 @@ def main(argv: list[str] | None = None) -> int:
             f" | {r['missing']} |"
             f" {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} |"
             f" {r['p50_from_send_ms']:.2f} | {r['p99_from_send_ms']:.2f} |"
+        )
+    if "handoff_floor" in result:
+        f = result["handoff_floor"]
+        print(
+            f"\nfloor for 100 sync watchers (no pglease code): 100 threads handing a lock"
+            f" on, one after another, reach the k-th thread after p50 {f['p50_ms']:.2f} ms,"
+            f" p99 {f['p99_ms']:.2f} ms ({f['step_us']:.1f} us a hand-off)"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
