@@ -30,12 +30,10 @@ def consume(mailbox: SyncMailbox, timeout: float, out: list[object]) -> None:
         out.append(item)
 
 
-@pytest.mark.parametrize("timeout", [5.0, 0.0005])
-def test_chained_wakeups_deliver_everything_in_order(timeout: float) -> None:
-    # A tiny timeout makes consumers give up waiting while wake-ups are on
-    # their way through the chain: those must still be taken and passed on.
-    chain = WakeChain()
-    boxes = [SyncMailbox(10**9, chain) for _ in range(30)]
+def start_consumers(
+    boxes: list[SyncMailbox], timeout: float
+) -> tuple[list[threading.Thread], list[list[object]]]:
+    """One consumer thread per mailbox, each appending what it takes to its list."""
     got: list[list[object]] = [[] for _ in boxes]
     threads = [
         threading.Thread(target=consume, args=(b, timeout, g))
@@ -43,6 +41,16 @@ def test_chained_wakeups_deliver_everything_in_order(timeout: float) -> None:
     ]
     for t in threads:
         t.start()
+    return threads, got
+
+
+@pytest.mark.parametrize("timeout", [5.0, 0.0005])
+def test_chained_wakeups_deliver_everything_in_order(timeout: float) -> None:
+    # A tiny timeout makes consumers give up waiting while wake-ups are on
+    # their way through the chain: those must still be taken and passed on.
+    chain = WakeChain()
+    boxes = [SyncMailbox(10**9, chain) for _ in range(30)]
+    threads, got = start_consumers(boxes, timeout)
     sent = [batch(i) for i in range(300)]
     for message in sent:
         for box in boxes:
@@ -53,6 +61,50 @@ def test_chained_wakeups_deliver_everything_in_order(timeout: float) -> None:
         t.join(30)
     assert not any(t.is_alive() for t in threads)
     assert all(g == sent for g in got)
+
+
+@pytest.mark.parametrize("timeout", [5.0, 0.0005])
+def test_a_held_chain_wakes_nobody_until_unheld(timeout: float) -> None:
+    chain = WakeChain()
+    boxes = [SyncMailbox(100, chain) for _ in range(5)]
+    threads, got = start_consumers(boxes, timeout)
+    # Wait until every consumer is blocked (waiting for a wake-up).
+    for box in boxes:
+        while not box._waiting:
+            threading.Event().wait(0.001)
+    chain.hold()
+    chain.hold()  # two hubs delivering at once
+    for box in boxes:
+        box.deliver(batch(1))
+    chain.unhold()
+    threading.Event().wait(0.2)
+    if timeout > 1:
+        # Blocked consumers stay blocked while the chain is held.
+        assert got == [[] for _ in boxes]
+    # (With a tiny timeout a consumer that was between two waits takes its item
+    # at once; one whose wait ran out after the delivery waits for the wake-up
+    # it is owed, so nobody is left stranded either way.)
+    chain.unhold()
+    for box in boxes:
+        box.close()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert got == [[batch(1)] for _ in boxes]
+
+
+def test_unhold_with_nothing_queued_leaves_the_chain_idle() -> None:
+    chain = WakeChain()
+    chain.hold()
+    chain.unhold()
+    box = SyncMailbox(10, chain)
+    out: list[object] = []
+    t = threading.Thread(target=consume, args=(box, 5.0, out))
+    t.start()
+    box.deliver(batch(7))
+    box.close()
+    t.join(5)
+    assert not t.is_alive() and out == [batch(7)]
 
 
 def test_get_times_out_and_close_wakes_a_blocked_consumer() -> None:

@@ -37,6 +37,7 @@ from ._core import (
     parse_page,
     read_args,
 )
+from .mailbox import CHAIN
 
 Deliver = Callable[[Message], None]
 #: How many consumers a subscription wakes per batch (a loop fan-out: its members).
@@ -290,8 +291,12 @@ class Hub:
                 with self._lock:
                     self._tip = tip
                     batch = Batch(page.events, page.positions, tip)
-                    for deliver in self._subscribers.values():
-                        deliver(batch)
+                    CHAIN.hold()
+                    try:
+                        for deliver in self._subscribers.values():
+                            deliver(batch)
+                    finally:
+                        CHAIN.unhold()
             count += len(page.events)
             if not page.full:
                 return progressed, page.held_back, count

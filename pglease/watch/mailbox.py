@@ -62,14 +62,35 @@ class WakeChain:
         self._lock = threading.Lock()
         self._queue: deque[SyncMailbox] = deque()
         self._running = False
+        self._holds = 0
 
     def wake(self, mailbox: SyncMailbox) -> None:
         with self._lock:
-            if self._running:
+            if self._running or self._holds:
                 self._queue.append(mailbox)
                 return
             self._running = True
         mailbox._signal.release()
+
+    def hold(self) -> None:
+        """Queue wake-ups without starting the chain until `unhold()`.
+
+        The hub holds the chain while it hands a batch to every subscriber:
+        a consumer woken by the first delivery could not run anyway (the hub
+        thread keeps the GIL until it blocks again), and would then need a
+        second wake-up to take the GIL.
+        """
+        with self._lock:
+            self._holds += 1
+
+    def unhold(self) -> None:
+        with self._lock:
+            self._holds -= 1
+            if self._holds or self._running or not self._queue:
+                return
+            self._running = True
+            first = self._queue.popleft()
+        first._signal.release()
 
     def pass_on(self) -> None:
         """A consumer that was woken hands the wake-up to the next one."""
@@ -82,13 +103,13 @@ class WakeChain:
 
 
 #: One chain per process: every sync watcher's mailbox, whatever its hub.
-_CHAIN = WakeChain()
+CHAIN = WakeChain()
 
 
 class SyncMailbox:
     """Hub thread in (or `close()` from any thread), one consumer thread out."""
 
-    def __init__(self, limit: int, chain: WakeChain = _CHAIN) -> None:
+    def __init__(self, limit: int, chain: WakeChain = CHAIN) -> None:
         self.limit = limit
         self._chain = chain
         self._items: deque[Item] = deque()
