@@ -106,3 +106,26 @@ def test_notify_received_with_a_read_wakes_the_hub(pg_store: PostgresStore, pg_d
         assert time.monotonic() - started >= 0.25
     finally:
         conn.close()
+
+
+def test_the_watch_read_is_never_jit_compiled(pg_store: PostgresStore, pg_dsn: str) -> None:
+    # Its generic plan is costed for millions of rows (the LIMIT is a
+    # parameter), so a server with LLVM compiled every read: ~200 ms each on
+    # PostgreSQL 15, where the read itself takes 2 ms (sql/0009). The setting
+    # is the function's own, so it wins over whatever the session sets.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT proconfig FROM pg_proc WHERE oid = %s::regprocedure",
+            [f'"{pg_store.schema}".watch_read(xid8, bigint, xid8, bigint, integer)'],
+        ).fetchone()
+        assert row is not None
+        assert "jit=off" in row[0] and "plan_cache_mode=force_generic_plan" in row[0]
+        # A session that would JIT anything still reads (and gets its page).
+        conn.execute("SET jit = on")
+        conn.execute("SET jit_above_cost = 0")
+        rows = conn.execute(
+            f'SELECT * FROM "{pg_store.schema}".watch_read(%s::text::xid8, %s,'
+            " '18446744073709551615'::text::xid8, 9223372036854775807, 10)",
+            [str(START.xid), START.event_id],
+        ).fetchall()
+        assert len(rows) == 1 and rows[0][5] is None  # the empty log: one row, no event
