@@ -55,7 +55,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -190,30 +190,19 @@ def pin_server(dsn: str, cpus: set[int]) -> int:
     """Pin the server's postmaster and every process it has started to `cpus`
     (backends forked later inherit the postmaster's affinity); return how many
     processes were pinned."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        backend = conn.info.backend_pid
-        try:
-            postmaster = _parent_pid(backend)
-        except OSError as exc:
-            raise SystemExit(f"--isolate needs a local server: {exc}") from None
+    postmaster = postmaster_pid(dsn)
+    if postmaster is None:
+        raise SystemExit("--isolate needs a local server (its processes under /proc)")
     pinned = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
+    for pid, _ in _server_processes(postmaster):
         try:
-            if pid == postmaster or _parent_pid(pid) == postmaster:
-                os.sched_setaffinity(pid, cpus)
-                pinned += 1
-        except (OSError, ValueError):
+            os.sched_setaffinity(pid, cpus)
+            pinned += 1
+        except OSError:
             continue  # gone meanwhile
     if not pinned:
         raise SystemExit("--isolate: could not pin the server's processes")
     return pinned
-
-
-def _parent_pid(pid: int) -> int:
-    return int(_stat(pid)[1])
 
 
 def _stat(pid: int) -> list[str]:
@@ -226,9 +215,23 @@ def postmaster_pid(dsn: str) -> int | None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         backend = conn.info.backend_pid
         try:
-            return _parent_pid(backend)
+            return int(_stat(backend)[1])
         except OSError:
             return None
+
+
+def _server_processes(postmaster: int) -> Iterator[tuple[int, list[str]]]:
+    """(pid, /proc stat fields) of the postmaster and each process it started."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            fields = _stat(pid)
+        except OSError:
+            continue  # gone meanwhile
+        if pid == postmaster or int(fields[1]) == postmaster:
+            yield pid, fields
 
 
 def server_cpu_seconds(postmaster: int) -> float:
@@ -236,16 +239,10 @@ def server_cpu_seconds(postmaster: int) -> float:
     backend's time joins the postmaster's cutime/cstime when it is reaped)
     and its live processes."""
     ticks = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = _stat(int(entry.name))
-        except OSError:
-            continue  # gone meanwhile
-        if int(entry.name) == postmaster:
+    for pid, fields in _server_processes(postmaster):
+        if pid == postmaster:
             ticks += sum(int(f) for f in fields[11:15])
-        elif int(fields[1]) == postmaster:
+        else:
             ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
 
@@ -306,7 +303,7 @@ def _backend_cpu_seconds(hub: Any) -> float | None:
     if conn is None:
         return None
     try:
-        fields = Path(f"/proc/{conn.info.backend_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat(conn.info.backend_pid)
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
