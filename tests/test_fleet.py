@@ -69,13 +69,15 @@ def test_bad_timing_claims_nothing(pg_store: PostgresStore) -> None:
 
 
 def test_hold_heartbeat_keeps_revision_and_releases(pg_store: PostgresStore) -> None:
-    with hold(pg_store, "run", "r1", A, 0.6) as lease:
+    # ttl 1.5 s rather than less: with a shorter one, a single stall of the
+    # shared CI host (a heartbeat statement past its limit) lost the lease.
+    with hold(pg_store, "run", "r1", A, 1.5) as lease:
         rid = lease.resource_id
         first_expiry = lease.expires_at
         revision = lease.claim.revision
         assert lease.generation == 1
         # Several ttls pass: only the keeper keeps it alive.
-        time.sleep(2.0)
+        time.sleep(4.0)
         lease.check()
         assert not lease.lost.is_set()
         assert lease.renewals >= 2
