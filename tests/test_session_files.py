@@ -564,10 +564,12 @@ def test_commit_checks_fence_in_its_own_transaction(tmp_path: Path, clock: Clock
 def test_background_renewal_keeps_lease(tmp_path: Path) -> None:
     import time
 
-    holder = SessionRepository(tmp_path, lease_seconds=0.6, renew_interval=0.1)
-    other = SessionRepository(tmp_path, lease_seconds=0.6, renew_interval=0.1)
+    # A lease of 2 s: with 0.6 s, one stall of a loaded CI host (a renewal
+    # 1.3 s late) let the other repository take the session.
+    holder = SessionRepository(tmp_path, lease_seconds=2, renew_interval=0.2)
+    other = SessionRepository(tmp_path, lease_seconds=2, renew_interval=0.2)
     session = holder.create("bg")
-    time.sleep(1.0)
+    time.sleep(2.5)
     with pytest.raises(SessionAlreadyClaimedError):
         other.open("bg")
     session.append_message(None, msg("still mine"))

@@ -491,9 +491,10 @@ def test_expired_lease_cannot_renew(pg_store: PostgresStore) -> None:
 
 
 def test_background_renewal_keeps_the_lease(pg_store: PostgresStore) -> None:
-    repo = PostgresSessionRepository(pg_store, lease_seconds=0.6, renew_interval=0.15)
+    # 2 s rather than less: one stall of a loaded host must not lose it.
+    repo = PostgresSessionRepository(pg_store, lease_seconds=2, renew_interval=0.25)
     with repo.create("s") as session:
-        time.sleep(1.3)
+        time.sleep(2.5)
         assert not session.lost.is_set()
         session.append_message(None, msg("still mine"))
         assert session.revision == pg_store.get(session.resource_id).revision

@@ -163,10 +163,11 @@ async def test_async_failures_roll_back_and_fence(
 
 
 async def test_async_heartbeat_keeps_the_lease(apg_store: AsyncPostgresStore) -> None:
-    repo = AsyncPostgresSessionRepository(apg_store, lease_seconds=0.6, renew_interval=0.15)
+    # 2 s rather than less: one stall of a loaded host must not lose it.
+    repo = AsyncPostgresSessionRepository(apg_store, lease_seconds=2, renew_interval=0.25)
     async with await repo.create("s") as session:
         assert isinstance(session, AsyncPostgresSession)
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(2.5)
         assert not session.lost.is_set()
         await session.append_message(None, msg("still mine"))
     waited_repo = AsyncPostgresSessionRepository(apg_store, lease_seconds=5, renew_interval=None)
