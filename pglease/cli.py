@@ -82,8 +82,12 @@ def _current_claim(store: PostgresStore, args: argparse.Namespace) -> Claim:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    with PostgresStore(args.dsn, schema=args.schema, auto_migrate=False, max_size=1) as store:
-        applied = store.migrate()
+    from .dsn import resolve_dsn
+    from .migrations import migrate
+
+    # A direct connection: a store would refuse to open the unmigrated schema.
+    with psycopg.connect(resolve_dsn(args.dsn), autocommit=True) as conn:
+        applied = [m.label for m in migrate(conn, args.schema)]
     if args.json:
         print_json({"schema": args.schema, "applied": applied})
     else:

@@ -207,3 +207,18 @@ class AcquireTimeoutError(PgleaseError, TimeoutError):
 
 
 __all__ += ["AcquireTimeoutError", "InvalidTimingError"]
+
+
+# --- trust ------------------------------------------------------------------------
+
+
+class ClockOverrideError(ValidationError):
+    """A caller-supplied time (``now=``) was refused: the schema judges expiry by the
+    database clock only. Only the schema's owner can switch its test clock on."""
+
+
+class InvalidRoleError(ValidationError):
+    """A role named for a grant does not exist, or the grant was not permitted."""
+
+
+__all__ += ["ClockOverrideError", "InvalidRoleError"]

@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from pglease import AsyncPostgresStore, PostgresStore
+from pglease.testing import set_test_clock
 
 from .backends import Backend, PostgresBackend
 
@@ -85,15 +86,23 @@ def schema(pg_dsn: str) -> Iterator[str]:
                 time.sleep(0.1)
 
 
+def enable_test_clock(dsn: str, schema: str) -> None:
+    """Let `now=` place calls at chosen instants in this test's schema (owner only)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        set_test_clock(conn, schema)
+
+
 @pytest.fixture
 def pg_store(pg_dsn: str, schema: str) -> Iterator[PostgresStore]:
     with PostgresStore(pg_dsn, schema=schema, max_size=8) as store:
+        enable_test_clock(pg_dsn, schema)
         yield store
 
 
 @pytest.fixture
 async def apg_store(pg_dsn: str, schema: str) -> AsyncIterator[AsyncPostgresStore]:
     async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=8) as store:
+        enable_test_clock(pg_dsn, schema)
         yield store
 
 

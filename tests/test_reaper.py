@@ -51,7 +51,9 @@ def test_a_busy_resource_is_left_for_the_next_pass(
     with psycopg.connect(pg_dsn) as writer:
         # A writer queued on the resource (the advisory lock every writer
         # takes first): the reaper must not wait for it, nor reap under it.
-        writer.execute("SELECT pg_advisory_xact_lock(1886152037, hashtext(%s))", [busy])
+        writer.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, hashtext(%s)))", [busy, schema]
+        )
         started = time.monotonic()
         assert reap_once(pg_store) == 1
         assert time.monotonic() - started < 2

@@ -28,8 +28,18 @@ from .._common import release_args as release_args
 from .._common import renew_args as renew_args
 from ..cursors import Position
 from ..errors import (
+    ClockOverrideError,
     DatabaseUnavailableError,
     EventOrderError,
+    InvalidEventTypeError,
+    InvalidKeyError,
+    InvalidOwnerError,
+    InvalidPayloadError,
+    InvalidResourceIdError,
+    InvalidResourceTypeError,
+    InvalidRevisionError,
+    InvalidTokenError,
+    InvalidTTLError,
     LeaseExpiredError,
     LeaseLostError,
     PayloadConflictError,
@@ -37,7 +47,9 @@ from ..errors import (
     ResourceLeasedError,
     StaleResourceError,
     UnknownResourceError,
+    ValidationError,
 )
+from ..migrations import MigrationState
 from ..types import Claim, Owner
 
 DEFAULT_SCHEMA = "pglease"
@@ -49,6 +61,19 @@ _ERRORS: dict[str, type[PgleaseError]] = {
     "PGL04": LeaseExpiredError,
     "PGL05": ResourceLeasedError,
     "PGL06": PayloadConflictError,
+    # The SQL functions' own input checks (sql/functions/10_core.sql): the same
+    # classes as pglease/validation.py raises before anything is sent.
+    "PGL10": ClockOverrideError,
+    "PGL11": InvalidTTLError,
+    "PGL12": InvalidResourceIdError,
+    "PGL13": InvalidOwnerError,
+    "PGL14": InvalidTokenError,
+    "PGL15": InvalidRevisionError,
+    "PGL16": InvalidResourceTypeError,
+    "PGL17": InvalidKeyError,
+    "PGL18": InvalidEventTypeError,
+    "PGL19": InvalidPayloadError,
+    "PGL20": ValidationError,
 }
 # `_bump`'s order guard (sql/0002, 0006) raises a serialization failure whose
 # message starts with this. Only that one is mapped: any other 40001 (say from
@@ -60,6 +85,12 @@ _EVENT_ORDER_PREFIX = "event order:"
 def unavailable(exc: psycopg.OperationalError) -> DatabaseUnavailableError:
     first_line = (str(exc).strip().splitlines() or ["no detail"])[-1]
     return DatabaseUnavailableError(f"cannot connect to PostgreSQL: {first_line}")
+
+
+def require_migrated(state: MigrationState) -> None:
+    """Refuse to open a store on a schema with pending work (auto_migrate=False)."""
+    if not state.up_to_date:
+        raise state.not_migrated_error("the store was opened without auto_migrate")
 
 
 def translate(exc: psycopg.Error) -> PgleaseError | None:
@@ -103,13 +134,17 @@ class Queries:
             "SELECT * FROM {s}.mutate_begin(%s, %s::bigint, %s, %s, %s, %s::bigint, %s, %s, %s,"
             " %s, %s::timestamptz)"
         )
+        # `held` is judged once per statement by `_clock_now`: the database
+        # clock, or a test time where the schema's owner switched that on.
         resource_cols = (
             "r.id, r.type, r.key, r.revision, r.created_at, r.updated_at, l.generation,"
             " l.owner_type, l.owner_id, l.acquired_at, l.heartbeat_at, l.expires_at,"
-            " (l.owner_id IS NOT NULL AND l.expires_at > coalesce(%s::timestamptz,"
-            " clock_timestamp()))"
+            " (l.owner_id IS NOT NULL AND l.expires_at > c.now)"
         )
-        resource_from = " FROM {s}.resources r JOIN {s}.leases l ON l.resource_id = r.id"
+        resource_from = (
+            " FROM (SELECT {s}._clock_now(%s::timestamptz) AS now) c"
+            " CROSS JOIN {s}.resources r JOIN {s}.leases l ON l.resource_id = r.id"
+        )
         self.get = q("SELECT " + resource_cols + resource_from + " WHERE r.id = %s")
         self.list_all = q("SELECT " + resource_cols + resource_from + " ORDER BY r.type, r.key")
         self.list_type = q(

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from ..cursors import decode_cursor
 from ..dsn import resolve_dsn
 from ..errors import PgleaseError, UnknownResourceError
-from ..migrations import migrate_async
+from ..migrations import migrate_async, migration_state_async
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import check_resource_id, check_resource_type, check_schema_name
 from . import _core
@@ -75,6 +75,8 @@ class AsyncPostgresStore:
         async with conn:
             if self._auto_migrate:
                 await migrate_async(conn, self.schema)
+            else:
+                _core.require_migrated(await migration_state_async(conn, self.schema))
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             self.dsn,
             min_size=self._min_size,
@@ -122,7 +124,7 @@ class AsyncPostgresStore:
 
     async def migrate(self) -> list[str]:
         async with self.pool.connection() as conn:
-            return [f"{m.version:04d}_{m.name}" for m in await migrate_async(conn, self.schema)]
+            return [m.label for m in await migrate_async(conn, self.schema)]
 
     async def ensure_resource(self, resource_type: str, key: str) -> str:
         row = await self._one(self._q.ensure, list(_core.ensure_args(resource_type, key)))
@@ -195,7 +197,10 @@ class AsyncPostgresStore:
     async def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
         check_resource_id(resource_id)
         async with self.pool.connection() as conn:
-            cur = await conn.execute(self._q.get, [_core.check_now(now), resource_id])
+            try:
+                cur = await conn.execute(self._q.get, [_core.check_now(now), resource_id])
+            except psycopg.Error as exc:
+                raise _core.translate(exc) or exc from None
             row = await cur.fetchone()
         if row is None:
             raise UnknownResourceError(f"unknown resource {resource_id}")
@@ -205,12 +210,16 @@ class AsyncPostgresStore:
         self, resource_type: str | None = None, *, now: datetime | None = None
     ) -> list[ResourceState]:
         now = _core.check_now(now)
+        if resource_type is not None:
+            check_resource_type(resource_type)
         async with self.pool.connection() as conn:
-            if resource_type is None:
-                cur = await conn.execute(self._q.list_all, [now])
-            else:
-                check_resource_type(resource_type)
-                cur = await conn.execute(self._q.list_type, [now, resource_type])
+            try:
+                if resource_type is None:
+                    cur = await conn.execute(self._q.list_all, [now])
+                else:
+                    cur = await conn.execute(self._q.list_type, [now, resource_type])
+            except psycopg.Error as exc:
+                raise _core.translate(exc) or exc from None
             rows = await cur.fetchall()
         return [_core.parse_resource(r) for r in rows]
 

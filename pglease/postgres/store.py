@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 from ..cursors import decode_cursor
 from ..dsn import resolve_dsn
 from ..errors import UnknownResourceError
-from ..migrations import migrate
+from ..migrations import migrate, migration_state
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import check_resource_id, check_resource_type, check_schema_name
 from . import _core
@@ -61,6 +61,8 @@ class PostgresStore:
             ) as conn:
                 if auto_migrate:
                     migrate(conn, self.schema)
+                else:
+                    _core.require_migrated(migration_state(conn, self.schema))
         except psycopg.OperationalError as exc:
             raise _core.unavailable(exc) from exc
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -106,7 +108,7 @@ class PostgresStore:
     def migrate(self) -> list[str]:
         """Apply pending migrations; return the names of those applied."""
         with self._conns.borrow() as conn:
-            return [f"{m.version:04d}_{m.name}" for m in migrate(conn, self.schema)]
+            return [m.label for m in migrate(conn, self.schema)]
 
     def ensure_resource(self, resource_type: str, key: str) -> str:
         """Create the resource if needed and return its deterministic id (no event)."""
@@ -192,7 +194,10 @@ class PostgresStore:
         """The resource with its lease state, judged by the database clock (or `now`)."""
         check_resource_id(resource_id)
         with self._conns.borrow() as conn:
-            row = conn.execute(self._q.get, [_core.check_now(now), resource_id]).fetchone()
+            try:
+                row = conn.execute(self._q.get, [_core.check_now(now), resource_id]).fetchone()
+            except psycopg.Error as exc:
+                raise _core.translate(exc) or exc from None
         if row is None:
             raise UnknownResourceError(f"unknown resource {resource_id}")
         return _core.parse_resource(row)
@@ -201,12 +206,16 @@ class PostgresStore:
         self, resource_type: str | None = None, *, now: datetime | None = None
     ) -> list[ResourceState]:
         now = _core.check_now(now)
+        if resource_type is not None:
+            check_resource_type(resource_type)
         with self._conns.borrow() as conn:
-            if resource_type is None:
-                rows = conn.execute(self._q.list_all, [now]).fetchall()
-            else:
-                check_resource_type(resource_type)
-                rows = conn.execute(self._q.list_type, [now, resource_type]).fetchall()
+            try:
+                if resource_type is None:
+                    rows = conn.execute(self._q.list_all, [now]).fetchall()
+                else:
+                    rows = conn.execute(self._q.list_type, [now, resource_type]).fetchall()
+            except psycopg.Error as exc:
+                raise _core.translate(exc) or exc from None
         return [_core.parse_resource(r) for r in rows]
 
     def events(self, resource_id: str, after_revision: int = 0, limit: int = 1000) -> list[Event]:

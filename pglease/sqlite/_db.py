@@ -19,7 +19,7 @@ from ..errors import (
     PgleaseError,
     ValidationError,
 )
-from ..migrations import Migration, load_migrations
+from ..migration_files import Migration, load_migrations
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 DEFAULT_BUSY_TIMEOUT = 5.0

@@ -1,0 +1,435 @@
+-- pglease core functions: the current definitions (applied after the ordered
+-- migrations with CREATE OR REPLACE; see migrations.py). `@schema@` is the
+-- configured schema name.
+--
+-- Every function pins `search_path` to pg_catalog (then pg_temp, last, so a
+-- temporary object can never shadow anything) and names every pglease object
+-- with its schema: a caller's own `clock_timestamp()` or operator earlier in
+-- its search_path is never what runs here. Entry points are SECURITY DEFINER:
+-- they run with the schema owner's rights, so a client role needs EXECUTE on
+-- them and no write privilege on any table (see the role model in README).
+--
+-- Error codes (class "PL"), mapped to Python classes in pglease/postgres/_core.py:
+--   PGL01 unknown resource          PGL02 stale revision (DETAIL = actual)
+--   PGL03 lease not current         PGL04 lease expired
+--   PGL05 resource is leased        PGL06 payload hash conflict
+--   PGL10 test clock refused        PGL11 invalid TTL
+--   PGL12 invalid resource id       PGL13 invalid owner or actor
+--   PGL14 invalid token hash        PGL15 invalid revision or generation
+--   PGL16 invalid resource type     PGL17 invalid key
+--   PGL18 invalid event type        PGL19 invalid payload
+--   PGL20 other invalid argument
+
+-- The time a call judges expiry by: the database clock, read now (so after
+-- any lock wait of the caller). A caller's `p_now` is honoured only where the
+-- schema owner switched the test clock on (settings.test_clock); anywhere
+-- else it is refused, never silently replaced, so a test or a skewed host
+-- learns that its clock is not the one that counts.
+CREATE OR REPLACE FUNCTION @schema@._clock_now(p_now timestamptz)
+RETURNS timestamptz LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_now IS NULL THEN
+        RETURN clock_timestamp();
+    END IF;
+    IF NOT coalesce((SELECT s.test_clock FROM @schema@.settings s), false) THEN
+        RAISE EXCEPTION 'a caller-supplied time (now=%) is refused: schema @schema@ judges expiry by the database clock only', p_now
+            USING ERRCODE = 'PGL10',
+                  HINT = 'omit now=; only the schema owner can switch the test clock on, for test schemas';
+    END IF;
+    RETURN p_now;
+END $$;
+
+-- Input checks shared by the entry points; the same rules as pglease/validation.py.
+CREATE OR REPLACE FUNCTION @schema@._check_resource_id(p_resource text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_resource IS NULL OR p_resource !~ '^[a-z][a-z0-9_]{0,62}-[0-9a-f]{40}$' THEN
+        RAISE EXCEPTION 'resource id % is not of the form TYPE-<40 hex digits>',
+            coalesce(quote_literal(left(p_resource, 120)), 'NULL') USING ERRCODE = 'PGL12';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@._check_owner(p_what text, p_type text, p_id text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_type IS NULL OR p_type !~ '^[a-z][a-z0-9_]{0,62}$' THEN
+        RAISE EXCEPTION '% type % must match [a-z][a-z0-9_]{0,62}', p_what,
+            coalesce(quote_literal(left(p_type, 120)), 'NULL') USING ERRCODE = 'PGL13';
+    END IF;
+    IF p_id IS NULL OR p_id = '' OR octet_length(p_id) > 256 THEN
+        RAISE EXCEPTION '% id must be 1 to 256 bytes, got %', p_what,
+            coalesce(octet_length(p_id)::text || ' bytes', 'NULL') USING ERRCODE = 'PGL13';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@._check_ttl(p_what text, p_ttl double precision)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- NaN sorts above every number in PostgreSQL, so BETWEEN refuses it too.
+    IF p_ttl IS NULL OR NOT (p_ttl BETWEEN 0.001 AND 604800) THEN
+        RAISE EXCEPTION '% must be between 0.001 and 604800 seconds, got %', p_what,
+            coalesce(p_ttl::text, 'NULL') USING ERRCODE = 'PGL11';
+    END IF;
+END $$;
+
+-- The lease arguments of renew, release and a leased mutation.
+CREATE OR REPLACE FUNCTION @schema@._check_lease_args(
+    p_resource text, p_owner_type text, p_owner_id text, p_generation bigint,
+    p_token_sha256 bytea, p_expected_revision bigint)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM @schema@._check_resource_id(p_resource);
+    PERFORM @schema@._check_owner('owner', p_owner_type, p_owner_id);
+    IF p_generation IS NULL OR p_generation < 0 THEN
+        RAISE EXCEPTION 'generation must be >= 0, got %', coalesce(p_generation::text, 'NULL')
+            USING ERRCODE = 'PGL15';
+    END IF;
+    IF p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32 THEN
+        RAISE EXCEPTION 'lease token hash must be the 32-byte sha256 of the token'
+            USING ERRCODE = 'PGL14';
+    END IF;
+    IF p_expected_revision < 0 THEN
+        RAISE EXCEPTION 'expected revision must be >= 0, got %', p_expected_revision
+            USING ERRCODE = 'PGL15';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@.ensure_resource(p_type text, p_key text)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_id text;
+BEGIN
+    IF p_type IS NULL OR p_type !~ '^[a-z][a-z0-9_]{0,62}$' THEN
+        RAISE EXCEPTION 'resource type % must match [a-z][a-z0-9_]{0,62}',
+            coalesce(quote_literal(left(p_type, 120)), 'NULL') USING ERRCODE = 'PGL16';
+    END IF;
+    IF p_key IS NULL OR p_key = '' OR octet_length(p_key) > 1024 THEN
+        RAISE EXCEPTION 'resource key must be 1 to 1024 bytes, got %',
+            coalesce(octet_length(p_key)::text || ' bytes', 'NULL') USING ERRCODE = 'PGL17';
+    END IF;
+    v_id := p_type || '-' || left(encode(sha256(
+        convert_to(p_type, 'UTF8') || '\x00'::bytea || convert_to(p_key, 'UTF8')), 'hex'), 40);
+    INSERT INTO @schema@.resources (id, type, key) VALUES (v_id, p_type, p_key)
+        ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        INSERT INTO @schema@.leases (resource_id) VALUES (v_id);
+    END IF;
+    RETURN v_id;
+END $$;
+
+-- Lock the lease row first in every writing function: one lock order, no deadlocks.
+--
+-- Before the row lock, queue on a transaction-scoped advisory lock keyed by the
+-- resource. An advisory lock needs no transaction id, while a row lock takes one
+-- before it waits, and row-lock waiters are not served strictly in arrival
+-- order. Queueing first means a resource's writers obtain their xids in the
+-- order they write, so (xid, id) order -- the order readers consume the log in --
+-- is also revision order for every resource.
+--
+-- The key is one bigint seeded by the schema name: advisory locks are
+-- database-wide, so two schemas with the same (type, key), hence the same
+-- resource id, must not queue on each other. (A hash collision only makes two
+-- resources queue together; the one-bigint key space never meets the two-int
+-- keys of the NOTIFY election in _bump.)
+CREATE OR REPLACE FUNCTION @schema@._lock_lease(p_resource text)
+RETURNS @schema@.leases LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l @schema@.leases%ROWTYPE;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_resource, hashtext('@schema@')));
+    SELECT * INTO l FROM @schema@.leases WHERE resource_id = p_resource FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown resource %', p_resource USING ERRCODE = 'PGL01';
+    END IF;
+    RETURN l;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@._check_revision(p_resource text, p_expected_revision bigint)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_rev bigint;
+BEGIN
+    IF p_expected_revision IS NOT NULL THEN
+        SELECT revision INTO v_rev FROM @schema@.resources WHERE id = p_resource;
+        IF v_rev <> p_expected_revision THEN
+            RAISE EXCEPTION 'resource % is at revision %, expected %',
+                p_resource, v_rev, p_expected_revision
+                USING ERRCODE = 'PGL02', DETAIL = v_rev::text;
+        END IF;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@._check_current(
+    l @schema@.leases, p_owner_type text, p_owner_id text, p_generation bigint,
+    p_token_sha256 bytea)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF l.owner_id IS NULL OR l.owner_type <> p_owner_type OR l.owner_id <> p_owner_id
+       OR l.generation <> p_generation OR l.token_sha256 <> p_token_sha256 THEN
+        RAISE EXCEPTION 'lease generation % of %:% on % is no longer current (current generation %)',
+            p_generation, p_owner_type, p_owner_id, l.resource_id, l.generation
+            USING ERRCODE = 'PGL03';
+    END IF;
+END $$;
+
+-- Bump the revision and append the event; then the order guard and the
+-- coalesced wake-up.
+--  * order guard: readers deliver events in (xid, id) order, so a resource's
+--    revision n+1 must not carry a smaller xid than revision n. That can only
+--    happen to a transaction that took its xid before waiting for the lease
+--    row lock (several writes in one transaction); it is refused as a
+--    serialization failure, which clients retry.
+--  * wake-up: every writer takes key 2 (shared, to its commit) BEFORE it
+--    tries key 1, so a watcher's probe (watch_read) sees every writer that
+--    may be relying on someone else's NOTIFY, even one whose xid is above the
+--    probe's snapshot xmax. Key 1 elects the one in-flight writer that
+--    notifies (NOTIFY takes a cluster-wide lock at commit). A writer that
+--    cannot get key 2 (a probe holds it for an instant) notifies itself. See
+--    the proof in pglease/watch/__init__.py.
+CREATE OR REPLACE FUNCTION @schema@._bump(
+    p_resource text, p_now timestamptz, p_type text, p_actor_type text, p_actor_id text,
+    p_generation bigint, p_expires_at timestamptz, p_payload_sha256 bytea,
+    OUT revision bigint, OUT event_id bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_prev xid8;
+    v_marked boolean;
+BEGIN
+    UPDATE @schema@.resources SET revision = revision + 1, updated_at = p_now
+        WHERE id = p_resource RETURNING resources.revision INTO _bump.revision;
+    INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                 lease_generation, lease_expires_at, payload_sha256, created_at)
+        VALUES (p_resource, _bump.revision, p_type, p_actor_type, p_actor_id,
+                p_generation, p_expires_at, p_payload_sha256, p_now)
+        RETURNING events.id INTO _bump.event_id;
+    IF _bump.revision > 1 THEN
+        SELECT e.xid INTO v_prev FROM @schema@.events e
+            WHERE e.resource_id = p_resource AND e.revision = _bump.revision - 1;
+        IF v_prev > pg_current_xact_id() THEN
+            RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
+                _bump.revision, p_resource, _bump.revision - 1
+                USING ERRCODE = '40001',
+                      HINT = 'lock the lease row before the transaction writes anything else';
+        END IF;
+    END IF;
+    v_marked := pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'), hashtext('@schema@'));
+    IF NOT v_marked
+       OR pg_try_advisory_xact_lock(hashtext('pglease.notify'), hashtext('@schema@')) THEN
+        PERFORM pg_notify(left('pglease_@schema@', 63), '');
+    END IF;
+END $$;
+
+-- Take the lease if it is free or its holder's TTL ran out. Taking over a
+-- holder whose expiry the reaper has not recorded yet first writes that
+-- generation's `lease.expired` (revision n+1), then `lease.claimed` (n+2),
+-- under the one row lock.
+CREATE OR REPLACE FUNCTION @schema@.claim(
+    p_resource text, p_owner_type text, p_owner_id text, p_token_sha256 bytea,
+    p_ttl double precision, p_expected_revision bigint, p_now timestamptz,
+    OUT claimed boolean, OUT generation bigint, OUT expires_at timestamptz,
+    OUT revision bigint, OUT holder_type text, OUT holder_id text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    l @schema@.leases%ROWTYPE;
+    v_now timestamptz;
+BEGIN
+    PERFORM @schema@._check_resource_id(p_resource);
+    PERFORM @schema@._check_owner('owner', p_owner_type, p_owner_id);
+    PERFORM @schema@._check_ttl('ttl', p_ttl);
+    IF p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32 THEN
+        RAISE EXCEPTION 'lease token hash must be the 32-byte sha256 of the token'
+            USING ERRCODE = 'PGL14';
+    END IF;
+    IF p_expected_revision < 0 THEN
+        RAISE EXCEPTION 'expected revision must be >= 0, got %', p_expected_revision
+            USING ERRCODE = 'PGL15';
+    END IF;
+    l := @schema@._lock_lease(p_resource);
+    PERFORM @schema@._check_revision(p_resource, p_expected_revision);
+    -- Judge expiry after the lock wait, by the database clock.
+    v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
+    IF l.owner_id IS NOT NULL AND l.expires_at > v_now THEN
+        SELECT false, l.generation, l.expires_at, r.revision, l.owner_type, l.owner_id
+          INTO claimed, generation, expires_at, revision, holder_type, holder_id
+          FROM @schema@.resources r WHERE r.id = p_resource;
+        RETURN;
+    END IF;
+    IF l.owner_id IS NOT NULL AND l.expired_generation IS DISTINCT FROM l.generation THEN
+        l.expired_generation := l.generation;
+        PERFORM @schema@._bump(p_resource, v_now, 'lease.expired', l.owner_type, l.owner_id,
+                               l.generation, l.expires_at, NULL);
+    END IF;
+    claimed := true;
+    generation := l.generation + 1;
+    expires_at := v_now + make_interval(secs => p_ttl);
+    holder_type := p_owner_type;
+    holder_id := p_owner_id;
+    UPDATE @schema@.leases SET generation = claim.generation, owner_type = p_owner_type,
+        owner_id = p_owner_id, token_sha256 = p_token_sha256, acquired_at = v_now,
+        heartbeat_at = v_now, expires_at = claim.expires_at,
+        expired_generation = l.expired_generation
+        WHERE resource_id = p_resource;
+    SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.claimed',
+        p_owner_type, p_owner_id, claim.generation, claim.expires_at, NULL) b;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@.renew(
+    p_resource text, p_owner_type text, p_owner_id text, p_generation bigint,
+    p_token_sha256 bytea, p_ttl double precision, p_expected_revision bigint,
+    p_now timestamptz, OUT expires_at timestamptz, OUT revision bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    l @schema@.leases%ROWTYPE;
+    v_now timestamptz;
+BEGIN
+    PERFORM @schema@._check_lease_args(p_resource, p_owner_type, p_owner_id, p_generation,
+                                       p_token_sha256, p_expected_revision);
+    PERFORM @schema@._check_ttl('ttl', p_ttl);
+    l := @schema@._lock_lease(p_resource);
+    PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation, p_token_sha256);
+    PERFORM @schema@._check_revision(p_resource, p_expected_revision);
+    v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
+    IF l.expires_at <= v_now THEN
+        RAISE EXCEPTION 'lease generation % on % expired at %', l.generation, p_resource,
+            l.expires_at USING ERRCODE = 'PGL04';
+    END IF;
+    expires_at := v_now + make_interval(secs => p_ttl);
+    UPDATE @schema@.leases SET heartbeat_at = v_now, expires_at = renew.expires_at
+        WHERE resource_id = p_resource;
+    SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.renewed',
+        p_owner_type, p_owner_id, p_generation, renew.expires_at, NULL) b;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@.release(
+    p_resource text, p_owner_type text, p_owner_id text, p_generation bigint,
+    p_token_sha256 bytea, p_expected_revision bigint, p_now timestamptz,
+    OUT revision bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    l @schema@.leases%ROWTYPE;
+    v_now timestamptz;
+BEGIN
+    PERFORM @schema@._check_lease_args(p_resource, p_owner_type, p_owner_id, p_generation,
+                                       p_token_sha256, p_expected_revision);
+    l := @schema@._lock_lease(p_resource);
+    PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation, p_token_sha256);
+    PERFORM @schema@._check_revision(p_resource, p_expected_revision);
+    v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
+    UPDATE @schema@.leases SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL,
+        expires_at = NULL, heartbeat_at = v_now
+        WHERE resource_id = p_resource;
+    SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.released',
+        p_owner_type, p_owner_id, p_generation, NULL, NULL) b;
+END $$;
+
+-- First statement of a mutation's transaction: checks the permit under the row
+-- lock, stores the payload, bumps the revision and appends the event. The
+-- caller's own SQL runs afterwards in the same transaction, still under the lock.
+--
+-- A payload that is already stored is locked FOR KEY SHARE before the event
+-- that references it is inserted, and stored again if a concurrent prune
+-- deleted it meanwhile (INSERT ... ON CONFLICT DO NOTHING locks nothing):
+-- prune skips key-share-locked rows, and a writer that comes second finds the
+-- row gone and inserts it again. The loop ends: each turn inserts the row,
+-- locks it, or saw it deleted by a prune that has committed.
+CREATE OR REPLACE FUNCTION @schema@.mutate_begin(
+    p_resource text, p_expected_revision bigint, p_event_type text,
+    p_owner_type text, p_owner_id text, p_generation bigint, p_token_sha256 bytea,
+    p_actor_type text, p_actor_id text, p_payload text, p_now timestamptz,
+    OUT revision bigint, OUT event_id bigint, OUT payload_sha256 bytea)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    l @schema@.leases%ROWTYPE;
+    v_now timestamptz;
+    v_body text;
+BEGIN
+    -- A NULL expected revision (direct SQL callers only) skips the revision check.
+    IF p_token_sha256 IS NOT NULL THEN
+        PERFORM @schema@._check_lease_args(p_resource, p_owner_type, p_owner_id, p_generation,
+                                           p_token_sha256, p_expected_revision);
+    ELSE
+        PERFORM @schema@._check_resource_id(p_resource);
+        IF p_expected_revision < 0 THEN
+            RAISE EXCEPTION 'expected revision must be >= 0, got %', p_expected_revision
+                USING ERRCODE = 'PGL15';
+        END IF;
+    END IF;
+    IF p_event_type IS NULL OR length(p_event_type) > 128
+       OR p_event_type !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
+       OR p_event_type LIKE 'lease.%' THEN
+        RAISE EXCEPTION 'event type % must be dotted lowercase identifiers outside the reserved lease. prefix',
+            coalesce(quote_literal(left(p_event_type, 140)), 'NULL') USING ERRCODE = 'PGL18';
+    END IF;
+    IF p_actor_type IS NOT NULL OR p_actor_id IS NOT NULL THEN
+        PERFORM @schema@._check_owner('actor', p_actor_type, p_actor_id);
+    END IF;
+    IF p_payload IS NOT NULL THEN
+        IF octet_length(p_payload) > 1048576 THEN
+            RAISE EXCEPTION 'payload is % bytes; the limit is 1048576', octet_length(p_payload)
+                USING ERRCODE = 'PGL19';
+        END IF;
+        -- Refuse text that is not JSON (the cast raises 22P02 with the position).
+        PERFORM p_payload::json;
+    END IF;
+    l := @schema@._lock_lease(p_resource);
+    v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
+    IF p_token_sha256 IS NOT NULL THEN
+        PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation,
+                                        p_token_sha256);
+        PERFORM @schema@._check_revision(p_resource, p_expected_revision);
+        IF l.expires_at <= v_now THEN
+            RAISE EXCEPTION 'lease generation % on % expired at %', l.generation, p_resource,
+                l.expires_at USING ERRCODE = 'PGL04';
+        END IF;
+        p_actor_type := p_owner_type;
+        p_actor_id := p_owner_id;
+    ELSE
+        PERFORM @schema@._check_revision(p_resource, p_expected_revision);
+    END IF;
+    IF p_token_sha256 IS NULL AND l.owner_id IS NOT NULL AND l.expires_at > v_now THEN
+        RAISE EXCEPTION 'resource % is leased by %:% (generation %) until %; unleased writes are refused',
+            p_resource, l.owner_type, l.owner_id, l.generation, l.expires_at
+            USING ERRCODE = 'PGL05';
+    END IF;
+    IF p_payload IS NOT NULL THEN
+        payload_sha256 := sha256(convert_to(p_payload, 'UTF8'));
+        LOOP
+            INSERT INTO @schema@.payloads (sha256, body)
+                VALUES (mutate_begin.payload_sha256, p_payload)
+                ON CONFLICT DO NOTHING;
+            EXIT WHEN FOUND;
+            SELECT body INTO v_body FROM @schema@.payloads
+             WHERE sha256 = mutate_begin.payload_sha256 FOR KEY SHARE;
+            IF FOUND THEN
+                IF v_body IS DISTINCT FROM p_payload THEN
+                    RAISE EXCEPTION 'payload % is stored with different bytes',
+                        encode(mutate_begin.payload_sha256, 'hex') USING ERRCODE = 'PGL06';
+                END IF;
+                EXIT;
+            END IF;
+        END LOOP;
+    END IF;
+    SELECT b.revision, b.event_id INTO revision, event_id
+      FROM @schema@._bump(p_resource, v_now, p_event_type, p_actor_type, p_actor_id,
+                          CASE WHEN p_token_sha256 IS NULL THEN NULL ELSE p_generation END,
+                          NULL, mutate_begin.payload_sha256) b;
+END $$;
