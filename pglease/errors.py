@@ -221,4 +221,8 @@ class InvalidRoleError(ValidationError):
     """A role named for a grant does not exist, or the grant was not permitted."""
 
 
-__all__ += ["ClockOverrideError", "InvalidRoleError"]
+class PermissionDeniedError(PgleaseError):
+    """The database role may not do this (see the role model: owner, client, reader)."""
+
+
+__all__ += ["ClockOverrideError", "InvalidRoleError", "PermissionDeniedError"]

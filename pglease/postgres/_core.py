@@ -43,6 +43,7 @@ from ..errors import (
     LeaseExpiredError,
     LeaseLostError,
     PayloadConflictError,
+    PermissionDeniedError,
     PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
@@ -79,6 +80,7 @@ _ERRORS: dict[str, type[PgleaseError]] = {
 # message starts with this. Only that one is mapped: any other 40001 (say from
 # the caller's own SQL under SERIALIZABLE) is not pglease's to name.
 _SERIALIZATION_FAILURE = "40001"
+_INSUFFICIENT_PRIVILEGE = "42501"
 _EVENT_ORDER_PREFIX = "event order:"
 
 
@@ -101,6 +103,11 @@ def translate(exc: psycopg.Error) -> PgleaseError | None:
         if message.startswith(_EVENT_ORDER_PREFIX):
             return EventOrderError(message)
         return None
+    if sqlstate == _INSUFFICIENT_PRIVILEGE:
+        return PermissionDeniedError(
+            f"{message} (the role model: a client role claims, renews, releases, mutates and"
+            " watches; a reader reads; only the schema's owner migrates and prunes)"
+        )
     cls = _ERRORS.get(sqlstate or "")
     if cls is None:
         return None
