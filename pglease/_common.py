@@ -76,6 +76,9 @@ def check_claim(claim: Claim) -> Claim:
     if not isinstance(claim, Claim):
         raise ValidationError(f"expected a Claim, got {type(claim).__name__}")
     check_resource_id(claim.resource_id)
+    # Claims are plain dataclasses: `replace(claim, owner=...)` can smuggle in anything.
+    if not isinstance(claim.owner, Owner):
+        raise ValidationError(f"claim owner must be an Owner, got {type(claim.owner).__name__}")
     check_token(claim.token)
     check_revision(claim.generation, "generation")
     return claim

@@ -16,6 +16,7 @@ from .errors import (
     InvalidSchemaNameError,
     InvalidTokenError,
     InvalidTTLError,
+    ValidationError,
 )
 
 #: Resource types, owner types: lowercase identifiers, e.g. ``run``, ``turn_intent``.
@@ -33,6 +34,9 @@ MAX_EVENT_TYPE_LENGTH = 128
 MIN_TTL_SECONDS = 0.001
 MAX_TTL_SECONDS = 7 * 24 * 3600.0
 RESERVED_EVENT_PREFIX = "lease."
+#: Schemas pglease must never install into: PostgreSQL's own and the shared default.
+RESERVED_SCHEMAS = frozenset({"public", "information_schema"})
+RESERVED_SCHEMA_PREFIX = "pg_"
 
 
 def _text_bytes(value: object, what: str, error: type[Exception]) -> bytes:
@@ -93,7 +97,7 @@ def check_ttl(value: object) -> float:
         return value  # the common case, without the ABC check below
     if isinstance(value, bool) or not isinstance(value, Real):
         raise InvalidTTLError(f"ttl must be a number of seconds, got {type(value).__name__}")
-    ttl = float(value)
+    ttl = _to_float(value, "ttl", InvalidTTLError)
     if not math.isfinite(ttl):
         raise InvalidTTLError(f"ttl must be finite, got {ttl}")
     if ttl < MIN_TTL_SECONDS:
@@ -101,6 +105,44 @@ def check_ttl(value: object) -> float:
     if ttl > MAX_TTL_SECONDS:
         raise InvalidTTLError(f"ttl must be at most {MAX_TTL_SECONDS:.0f} s, got {ttl}")
     return ttl
+
+
+def _to_float(value: Real, what: str, error: type[ValidationError]) -> float:
+    """float(value), with the conversion's own failures (an int or Fraction beyond
+    the float range, a broken __float__) reported as the typed refusal."""
+    try:
+        return float(value)
+    except (OverflowError, ValueError, TypeError):
+        raise error(f"{what} is out of range: not representable as seconds") from None
+
+
+def check_timeout(value: object, what: str = "timeout") -> float | None:
+    """A wait limit in seconds: None (no limit), or a number >= 0; +inf also means
+    no limit. NaN, bools, non-numbers and numbers beyond the float range
+    (``10**400``) raise ValidationError, never OverflowError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValidationError(f"{what} must be a number of seconds or None, got {value!r}")
+    seconds = _to_float(value, what, ValidationError)
+    if math.isnan(seconds):
+        raise ValidationError(f"{what} must be a number of seconds or None, got {value!r}")
+    if seconds < 0:
+        raise ValidationError(f"{what} must not be negative")
+    return seconds
+
+
+def check_positive_seconds(
+    value: object, what: str, error: type[ValidationError] = ValidationError
+) -> float:
+    """A positive, finite number of seconds (intervals, margins); huge ints and
+    non-numbers raise `error`, never OverflowError or TypeError."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise error(f"{what} must be a number of seconds, got {value!r}")
+    seconds = _to_float(value, what, error)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise error(f"{what} must be a positive, finite number of seconds")
+    return seconds
 
 
 def check_token(value: object) -> str:
@@ -140,6 +182,16 @@ def check_event_type(value: object) -> str:
 
 
 def check_schema_name(value: object) -> str:
+    """A lowercase identifier that is not reserved. pglease creates tables named
+    ``resources``, ``events``... in its schema, so ``public`` would mix them with
+    the application's own; ``information_schema`` and ``pg_*`` belong to
+    PostgreSQL (CREATE SCHEMA refuses ``pg_`` names)."""
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise InvalidSchemaNameError(f"schema name {value!r} must match {IDENTIFIER_PATTERN}")
+    if value in RESERVED_SCHEMAS or value.startswith(RESERVED_SCHEMA_PREFIX):
+        raise InvalidSchemaNameError(
+            f"schema name {value!r} is reserved (public, information_schema and pg_* belong"
+            " to PostgreSQL or to everything else in the database); pick a schema of pglease's"
+            " own, e.g. 'pglease'"
+        )
     return value

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -151,9 +151,9 @@ class Filters:
         event_types: Iterable[str] | str | None,
     ) -> Filters:
         return cls(
-            _set(types, check_resource_type),
-            _set(resources, check_resource_id),
-            _set(event_types, _check_watch_event_type),
+            _set(types, check_resource_type, "types"),
+            _set(resources, check_resource_id, "resources"),
+            _set(event_types, _check_watch_event_type, "event_types"),
         )
 
     @property
@@ -176,11 +176,19 @@ def _check_watch_event_type(value: object) -> str:
     return check_event_type(value)
 
 
-def _set(values: Iterable[str] | str | None, check: Any) -> frozenset[str] | None:
+def _set(
+    values: Iterable[str] | str | None, check: Callable[[object], str], what: str
+) -> frozenset[str] | None:
     if values is None:
         return None
     if isinstance(values, str):
         values = [values]
+    # A bool, a number or an arbitrary object (types=False) is a caller's mistake;
+    # iterating it would raise a bare TypeError.
+    if not isinstance(values, Iterable):
+        raise ValidationError(
+            f"{what} must be a str, a collection of str or None, got {type(values).__name__}"
+        )
     checked = frozenset(check(v) for v in values)
     if not checked:
         raise ValidationError("an empty filter would match nothing; pass None for no filter")
