@@ -1,4 +1,8 @@
-"""Canonical JSON: the one byte form in which payloads are hashed and stored."""
+"""Canonical JSON: the one byte form in which payloads are hashed and stored.
+
+Limits on what a writer may store: at most `MAX_PAYLOAD_BYTES` of canonical
+JSON, nested at most `MAX_PAYLOAD_DEPTH` arrays/objects deep.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,12 @@ from typing import Any
 from .errors import InvalidPayloadError, PayloadTooLargeError
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
+#: Arrays and objects nested deeper than this are refused. Python's json module
+#: recurses once per level, so a payload much deeper than this would make
+#: writers and, worse, every later reader of the log raise RecursionError.
+MAX_PAYLOAD_DEPTH = 64
+
+_CONTAINERS = (dict, list, tuple)
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,16 +28,43 @@ class CanonicalPayload:
     sha256: bytes
 
 
+def check_payload_depth(value: Any) -> None:
+    """Raise InvalidPayloadError if arrays/objects nest deeper than MAX_PAYLOAD_DEPTH.
+
+    Iterative (an explicit stack), so a 100,000-deep list is refused without
+    recursing. It also stops cycles, which json.dumps would otherwise report.
+    """
+    if not isinstance(value, _CONTAINERS):
+        return
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise InvalidPayloadError(
+                f"payload nests arrays/objects more than {MAX_PAYLOAD_DEPTH} levels deep"
+            )
+        children = node.values() if isinstance(node, dict) else node
+        for child in children:
+            if isinstance(child, _CONTAINERS):
+                push((child, depth + 1))
+
+
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, finite numbers only, UTF-8 kept as is."""
+    check_payload_depth(value)
     try:
         return json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-    except ValueError as exc:  # NaN / Infinity, circular references
+    except ValueError as exc:  # NaN / Infinity, circular references, 4300+ digit ints
         raise InvalidPayloadError(f"payload is not canonical JSON: {exc}") from None
     except TypeError as exc:  # non-str keys mixed with str, unknown objects
         raise InvalidPayloadError(f"payload is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        # The depth is bounded above, but a caller already deep in its own
+        # recursion can still run out of stack here; report it typed.
+        raise InvalidPayloadError("payload is nested too deeply to serialise") from None
 
 
 def canonical_payload(value: Any) -> CanonicalPayload:

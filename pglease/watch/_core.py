@@ -19,7 +19,7 @@ from psycopg import sql
 from ..cursors import START, Position, encode_cursor
 from ..errors import CursorExpiredError, ValidationError, WatchClosedError
 from ..types import Event, Owner
-from ..validation import check_event_type, check_resource_id, check_resource_type
+from ..validation import check_event_type, check_resource_id, check_resource_type, describe
 
 #: The biggest position; the hub reads with no upper bound.
 END = Position(2**64 - 1, 2**63 - 1)
@@ -203,7 +203,7 @@ def check_interval(value: object, what: str) -> float:
 
 def check_mode(value: object) -> Mode:
     if value not in ("listen", "poll"):
-        raise ValidationError(f"mode must be 'listen' or 'poll', got {value!r}")
+        raise ValidationError(f"mode must be 'listen' or 'poll', got {describe(value)}")
     return "listen" if value == "listen" else "poll"
 
 
