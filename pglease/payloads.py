@@ -1,7 +1,9 @@
 """Canonical JSON: the one byte form in which payloads are hashed and stored.
 
 Limits on what a writer may store: at most `MAX_PAYLOAD_BYTES` of canonical
-JSON, nested at most `MAX_PAYLOAD_DEPTH` arrays/objects deep.
+JSON, nested at most `MAX_PAYLOAD_DEPTH` arrays/objects deep. Readers decode
+every payload ever stored, including ones written before the depth limit
+existed: what `json.loads` cannot decode comes back as a `RawPayload`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,23 @@ _CONTAINERS = (dict, list, tuple)
 class CanonicalPayload:
     text: str
     sha256: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RawPayload:
+    """A stored payload that could not be decoded into Python values.
+
+    Only payloads stored before `MAX_PAYLOAD_DEPTH` was enforced (nested deeper
+    than `json.loads` can recurse), or rows written around pglease, come back
+    like this; `text` is the stored JSON exactly, so nothing is lost.
+    """
+
+    text: str
+    #: Why decoding failed, e.g. "nested too deeply to decode".
+    reason: str
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def check_payload_depth(value: Any) -> None:
@@ -78,3 +97,21 @@ def canonical_payload(value: Any) -> CanonicalPayload:
             f"payload is {len(raw)} bytes of canonical JSON; the limit is {MAX_PAYLOAD_BYTES}"
         )
     return CanonicalPayload(text=text, sha256=hashlib.sha256(raw).digest())
+
+
+def decode_payload(body: str | None) -> Any:
+    """The stored payload text as Python values; never raises.
+
+    None stays None. Text that `json.loads` cannot decode (a payload nested
+    beyond the recursion limit, stored before MAX_PAYLOAD_DEPTH; or a row
+    written around pglease that is not JSON) is returned as a `RawPayload` so
+    that one bad row cannot stop a reader or a watcher from delivering it.
+    """
+    if body is None:
+        return None
+    try:
+        return json.loads(body)
+    except RecursionError:
+        return RawPayload(body, "nested too deeply to decode")
+    except ValueError as exc:  # JSONDecodeError, or an int of 4300+ digits
+        return RawPayload(body, f"not decodable JSON: {exc}")

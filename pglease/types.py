@@ -96,6 +96,10 @@ class Event:
     actor: Owner | None
     lease_generation: int | None
     lease_expires_at: datetime | None
+    #: The decoded JSON payload, or None. A stored payload that cannot be decoded
+    #: (nested beyond Python's recursion limit, stored before MAX_PAYLOAD_DEPTH
+    #: was enforced) is a `pglease.payloads.RawPayload` carrying the exact text,
+    #: so reads and watchers still deliver the event.
     payload: Any
     payload_sha256: bytes | None
     created_at: datetime

@@ -1,19 +1,33 @@
-"""No poison events: writers may not nest payloads beyond MAX_PAYLOAD_DEPTH."""
+"""No poison events: writers may not nest payloads beyond MAX_PAYLOAD_DEPTH, and
+readers deliver every stored payload, even one nested too deeply for json.loads
+(stored before the limit existed), as a RawPayload instead of raising."""
 
 from __future__ import annotations
 
+import hashlib
+import sqlite3
+import time
 from typing import Any
 
+import psycopg
 import pytest
 
-from pglease import InvalidPayloadError, Permit
+from pglease import Event, InvalidPayloadError, Permit
 from pglease.payloads import (
     MAX_PAYLOAD_DEPTH,
+    RawPayload,
     canonical_payload,
     check_payload_depth,
+    decode_payload,
 )
 
-from .backends import Backend
+from .backends import Backend, PostgresBackend, SqliteBackend
+
+#: Far beyond what json.loads can recurse into with any default recursion limit.
+DEEP_TEXT = "[" * 100_000 + "]" * 100_000
+#: Generous bound for a watcher to deliver an event that is already committed; a
+#: healthy run returns as soon as it arrives.
+WAIT = 60.0
 
 
 def nest_lists(depth: int) -> Any:
@@ -94,3 +108,144 @@ def test_store_refuses_too_deep_payloads_and_keeps_the_limit(backend: Backend) -
     s.mutate(Permit(rid, 0), "run.deep", payload=deepest)
     assert s.events(rid)[0].payload == deepest
     assert s.events_after()[0].payload == deepest
+
+
+# --- decoding never raises -------------------------------------------------------------
+
+
+def test_decode_payload() -> None:
+    assert decode_payload(None) is None
+    assert decode_payload('{"a":[1,2]}') == {"a": [1, 2]}
+    deep = decode_payload(DEEP_TEXT)
+    assert isinstance(deep, RawPayload) and deep.text == DEEP_TEXT and "deep" in deep.reason
+    broken = decode_payload('{"a":')
+    assert isinstance(broken, RawPayload) and broken.text == '{"a":' and str(broken) == '{"a":'
+
+
+def _inject_postgres(b: PostgresBackend, rid: str, body: str) -> int:
+    """Store `body` as the next event of `rid` the way an older pglease (no depth
+    limit) would have: straight into the tables, as the schema owner."""
+    s = psycopg.sql.Identifier(b.schema)
+    with psycopg.connect(b.dsn) as conn:  # one transaction, committed on exit
+        sha = hashlib.sha256(body.encode()).digest()
+        conn.execute(
+            psycopg.sql.SQL(
+                "INSERT INTO {s}.payloads (sha256, body) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+            ).format(s=s),
+            [sha, body],
+        )
+        row = conn.execute(
+            psycopg.sql.SQL(
+                "UPDATE {s}.resources SET revision = revision + 1, updated_at = clock_timestamp()"
+                " WHERE id = %s RETURNING revision"
+            ).format(s=s),
+            [rid],
+        ).fetchone()
+        assert row is not None
+        conn.execute(
+            psycopg.sql.SQL(
+                "INSERT INTO {s}.events (resource_id, revision, type, payload_sha256)"
+                " VALUES (%s, %s, 'run.poison', %s)"
+            ).format(s=s),
+            [rid, row[0], sha],
+        )
+        return int(row[0])
+
+
+def _inject_sqlite(b: SqliteBackend, rid: str, body: str) -> int:
+    now = time.time_ns() // 1000
+    sha = hashlib.sha256(body.encode()).digest()
+    conn = sqlite3.connect(b.path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "INSERT INTO payloads (sha256, body, created_at) VALUES (?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            (sha, body, now),
+        )
+        (revision,) = conn.execute(
+            "UPDATE resources SET revision = revision + 1, updated_at = ? WHERE id = ?"
+            " RETURNING revision",
+            (now, rid),
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO events (resource_id, revision, type, payload_sha256, created_at)"
+            " VALUES (?, ?, 'run.poison', ?, ?)",
+            (rid, revision, sha, now),
+        )
+        conn.execute("COMMIT")
+        return int(revision)
+    finally:
+        conn.close()
+
+
+def inject(b: Backend, rid: str, body: str) -> int:
+    if isinstance(b, PostgresBackend):
+        return _inject_postgres(b, rid, body)
+    assert isinstance(b, SqliteBackend)
+    return _inject_sqlite(b, rid, body)
+
+
+class _Consumer:
+    """A watcher of the backend's own kind (sync or asyncio) from the log's start."""
+
+    def __init__(self, b: Backend) -> None:
+        self.b = b
+        if b.is_async:
+            astore = b.store._store  # the asyncio store behind the test bridge
+
+            async def open_() -> Any:
+                watcher = astore.watch(after="start")
+                await watcher.__aenter__()
+                return watcher
+
+            self.watcher = b._loop.run(open_())  # type: ignore[attr-defined]
+        else:
+            self.watcher = b.store.watch(after="start").__enter__()
+
+    def get(self) -> Event:
+        if self.b.is_async:
+            event = self.b._loop.run(self.watcher.get(WAIT))  # type: ignore[attr-defined]
+        else:
+            event = self.watcher.get(WAIT)
+        assert event is not None, f"no event within {WAIT} s"
+        assert isinstance(event, Event)
+        return event
+
+    def close(self) -> None:
+        if self.b.is_async:
+            self.b._loop.run(self.watcher.aclose())  # type: ignore[attr-defined]
+        else:
+            self.watcher.close()
+
+
+@pytest.mark.parametrize("body", [DEEP_TEXT, '{"not json":'], ids=["deep", "not-json"])
+def test_every_read_path_delivers_a_poison_payload(backend: Backend, body: str) -> None:
+    s = backend.store
+    rid = s.ensure_resource("run", "poison")
+    consumer = _Consumer(backend)
+    try:
+        s.mutate(Permit(rid, 0), "run.before", payload={"n": 1})
+        # The watcher is live (its hub read the first event) before the poison lands.
+        assert consumer.get().type == "run.before"
+        poisoned = inject(backend, rid, body)
+        s.mutate(Permit(rid, poisoned), "run.after", payload={"n": 2})
+
+        seen = [consumer.get(), consumer.get()]
+        assert [e.type for e in seen] == ["run.poison", "run.after"]
+        for events in (s.events(rid), s.events_after(), seen):
+            poison = next(e for e in events if e.type == "run.poison")
+            assert isinstance(poison.payload, RawPayload)
+            assert poison.payload.text == body
+            assert poison.revision == poisoned
+            assert poison.payload_sha256 == hashlib.sha256(body.encode()).digest()
+        assert [e.payload for e in s.events(rid) if e.type != "run.poison"] == [{"n": 1}, {"n": 2}]
+    finally:
+        consumer.close()
+
+    # A watcher resuming from before the poison (a catch-up read) gets it too.
+    late = _Consumer(backend)
+    try:
+        assert [late.get().type for _ in range(3)] == ["run.before", "run.poison", "run.after"]
+    finally:
+        late.close()

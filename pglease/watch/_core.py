@@ -8,7 +8,6 @@ catch-up reads to the hub's stream by comparing positions alone.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from psycopg import sql
 
 from ..cursors import START, Position, encode_cursor
 from ..errors import CursorExpiredError, ValidationError, WatchClosedError
+from ..payloads import decode_payload
 from ..types import Event, Owner
 from ..validation import check_event_type, check_resource_id, check_resource_type, describe
 
@@ -125,7 +125,7 @@ def _event(r: Sequence[Any], cursor: str) -> Event:
         actor=owner,
         lease_generation=r[14],
         lease_expires_at=r[15],
-        payload=json.loads(body) if body is not None else None,
+        payload=decode_payload(body) if body is not None else None,
         payload_sha256=bytes(sha) if sha is not None else None,
         created_at=r[18],
     )
