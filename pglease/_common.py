@@ -7,7 +7,6 @@ for every backend.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from .cursors import Position, encode_cursor
 from .errors import LeaseMismatchError, ValidationError
 from .ids import new_token, token_hash
-from .payloads import canonical_payload
+from .payloads import canonical_payload, decode_payload
 from .types import Claim, Event, LeaseState, Owner, Permit, ResourceState
 from .validation import (
     check_event_type,
@@ -76,6 +75,9 @@ def check_claim(claim: Claim) -> Claim:
     if not isinstance(claim, Claim):
         raise ValidationError(f"expected a Claim, got {type(claim).__name__}")
     check_resource_id(claim.resource_id)
+    # Claims are plain dataclasses: `replace(claim, owner=...)` can smuggle in anything.
+    if not isinstance(claim.owner, Owner):
+        raise ValidationError(f"claim owner must be an Owner, got {type(claim.owner).__name__}")
     check_token(claim.token)
     check_revision(claim.generation, "generation")
     return claim
@@ -207,7 +209,7 @@ def parse_event(row: Sequence[Any]) -> Event:
         actor=Owner(atype, aid) if aid is not None else None,
         lease_generation=generation,
         lease_expires_at=lease_expires,
-        payload=json.loads(body) if body is not None else None,
+        payload=decode_payload(body),
         payload_sha256=bytes(sha) if sha is not None else None,
         created_at=created,
     )

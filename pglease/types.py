@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .errors import InvalidOwnerError
 from .validation import check_owner_id, check_owner_type
 
 
@@ -23,6 +24,8 @@ class Owner:
     @classmethod
     def parse(cls, text: str) -> Owner:
         """Parse ``TYPE:ID`` (the id may itself contain colons)."""
+        if not isinstance(text, str):
+            raise InvalidOwnerError(f"owner must be TYPE:ID text, got {type(text).__name__}")
         owner_type, sep, owner_id = text.partition(":")
         if not sep:
             check_owner_type("")  # raises InvalidOwnerError with the pattern
@@ -93,6 +96,10 @@ class Event:
     actor: Owner | None
     lease_generation: int | None
     lease_expires_at: datetime | None
+    #: The decoded JSON payload, or None. A stored payload that cannot be decoded
+    #: (nested beyond Python's recursion limit, stored before MAX_PAYLOAD_DEPTH
+    #: was enforced) is a `pglease.payloads.RawPayload` carrying the exact text,
+    #: so reads and watchers still deliver the event.
     payload: Any
     payload_sha256: bytes | None
     created_at: datetime

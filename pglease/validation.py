@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from numbers import Real
 
 from .errors import (
@@ -16,6 +17,7 @@ from .errors import (
     InvalidSchemaNameError,
     InvalidTokenError,
     InvalidTTLError,
+    ValidationError,
 )
 
 #: Resource types, owner types: lowercase identifiers, e.g. ``run``, ``turn_intent``.
@@ -33,6 +35,27 @@ MAX_EVENT_TYPE_LENGTH = 128
 MIN_TTL_SECONDS = 0.001
 MAX_TTL_SECONDS = 7 * 24 * 3600.0
 RESERVED_EVENT_PREFIX = "lease."
+#: Schemas pglease must never install into: PostgreSQL's own and the shared default.
+RESERVED_SCHEMAS = frozenset({"public", "information_schema"})
+RESERVED_SCHEMA_PREFIX = "pg_"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = _REPR.maxother = 80
+
+
+def describe(value: object) -> str:
+    """repr() for error messages about caller input: bounded in length and nesting,
+    and never raising. A plain ``f"{value!r}"`` of junk can itself fail: RecursionError
+    for a list nested 2,000 deep, ValueError for an int of 4,300+ digits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        sign = "negative " if value < 0 else ""
+        return f"<{sign}int of {value.bit_length()} bits>"
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a broken __repr__ is the caller's; the refusal must still be typed
+        return f"<{type(value).__name__}>"
 
 
 def _text_bytes(value: object, what: str, error: type[Exception]) -> bytes:
@@ -51,7 +74,8 @@ def _text_bytes(value: object, what: str, error: type[Exception]) -> bytes:
 def check_resource_type(value: object) -> str:
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise InvalidResourceTypeError(
-            f"resource type {value!r} must match {IDENTIFIER_PATTERN} (lowercase identifier)"
+            f"resource type {describe(value)} must match {IDENTIFIER_PATTERN}"
+            " (lowercase identifier)"
         )
     return value
 
@@ -67,7 +91,7 @@ def check_key(value: object) -> str:
 def check_resource_id(value: object) -> str:
     if not isinstance(value, str) or not _RESOURCE_ID.fullmatch(value):
         raise InvalidResourceIdError(
-            f"resource id {value!r} is not of the form TYPE-<40 hex digits>"
+            f"resource id {describe(value)} is not of the form TYPE-<40 hex digits>"
             " (use ensure_resource(type, key) to get one)"
         )
     return value
@@ -75,7 +99,7 @@ def check_resource_id(value: object) -> str:
 
 def check_owner_type(value: object) -> str:
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
-        raise InvalidOwnerError(f"owner type {value!r} must match {IDENTIFIER_PATTERN}")
+        raise InvalidOwnerError(f"owner type {describe(value)} must match {IDENTIFIER_PATTERN}")
     return value
 
 
@@ -93,7 +117,7 @@ def check_ttl(value: object) -> float:
         return value  # the common case, without the ABC check below
     if isinstance(value, bool) or not isinstance(value, Real):
         raise InvalidTTLError(f"ttl must be a number of seconds, got {type(value).__name__}")
-    ttl = float(value)
+    ttl = _to_float(value, "ttl", InvalidTTLError)
     if not math.isfinite(ttl):
         raise InvalidTTLError(f"ttl must be finite, got {ttl}")
     if ttl < MIN_TTL_SECONDS:
@@ -101,6 +125,44 @@ def check_ttl(value: object) -> float:
     if ttl > MAX_TTL_SECONDS:
         raise InvalidTTLError(f"ttl must be at most {MAX_TTL_SECONDS:.0f} s, got {ttl}")
     return ttl
+
+
+def _to_float(value: Real, what: str, error: type[ValidationError]) -> float:
+    """float(value), with the conversion's own failures (an int or Fraction beyond
+    the float range, a broken __float__) reported as the typed refusal."""
+    try:
+        return float(value)
+    except (OverflowError, ValueError, TypeError):
+        raise error(f"{what} is out of range: not representable as seconds") from None
+
+
+def check_timeout(value: object, what: str = "timeout") -> float | None:
+    """A wait limit in seconds: None (no limit), or a number >= 0; +inf also means
+    no limit. NaN, bools, non-numbers and numbers beyond the float range
+    (``10**400``) raise ValidationError, never OverflowError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValidationError(f"{what} must be a number of seconds or None, got {describe(value)}")
+    seconds = _to_float(value, what, ValidationError)
+    if math.isnan(seconds):
+        raise ValidationError(f"{what} must be a number of seconds or None, got {describe(value)}")
+    if seconds < 0:
+        raise ValidationError(f"{what} must not be negative")
+    return seconds
+
+
+def check_positive_seconds(
+    value: object, what: str, error: type[ValidationError] = ValidationError
+) -> float:
+    """A positive, finite number of seconds (intervals, margins); huge ints and
+    non-numbers raise `error`, never OverflowError or TypeError."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise error(f"{what} must be a number of seconds, got {describe(value)}")
+    seconds = _to_float(value, what, error)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise error(f"{what} must be a positive, finite number of seconds")
+    return seconds
 
 
 def check_token(value: object) -> str:
@@ -115,9 +177,9 @@ def check_revision(value: object, what: str = "expected_revision") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRevisionError(f"{what} must be an int, got {type(value).__name__}")
     if value < 0:
-        raise InvalidRevisionError(f"{what} must be >= 0, got {value}")
+        raise InvalidRevisionError(f"{what} must be >= 0, got {describe(value)}")
     if value >= 2**63:
-        raise InvalidRevisionError(f"{what} is out of range: {value}")
+        raise InvalidRevisionError(f"{what} is out of range: {describe(value)}")
     return value
 
 
@@ -132,14 +194,28 @@ def check_event_type(value: object) -> str:
         or not _EVENT_TYPE.fullmatch(value)
     ):
         raise InvalidEventTypeError(
-            f"event type {value!r} must be dotted lowercase identifiers, e.g. 'run.started'"
+            f"event type {describe(value)} must be dotted lowercase identifiers, e.g. 'run.started'"
         )
     if value.startswith(RESERVED_EVENT_PREFIX):
-        raise InvalidEventTypeError(f"event type {value!r} uses the reserved prefix 'lease.'")
+        raise InvalidEventTypeError(
+            f"event type {describe(value)} uses the reserved prefix 'lease.'"
+        )
     return value
 
 
 def check_schema_name(value: object) -> str:
+    """A lowercase identifier that is not reserved. pglease creates tables named
+    ``resources``, ``events``... in its schema, so ``public`` would mix them with
+    the application's own; ``information_schema`` and ``pg_*`` belong to
+    PostgreSQL (CREATE SCHEMA refuses ``pg_`` names)."""
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
-        raise InvalidSchemaNameError(f"schema name {value!r} must match {IDENTIFIER_PATTERN}")
+        raise InvalidSchemaNameError(
+            f"schema name {describe(value)} must match {IDENTIFIER_PATTERN}"
+        )
+    if value in RESERVED_SCHEMAS or value.startswith(RESERVED_SCHEMA_PREFIX):
+        raise InvalidSchemaNameError(
+            f"schema name {describe(value)} is reserved (public, information_schema and pg_* belong"
+            " to PostgreSQL or to everything else in the database); pick a schema of pglease's"
+            " own, e.g. 'pglease'"
+        )
     return value

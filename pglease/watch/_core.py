@@ -8,9 +8,8 @@ catch-up reads to the hub's stream by comparing positions alone.
 
 from __future__ import annotations
 
-import json
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,8 +17,9 @@ from psycopg import sql
 
 from ..cursors import START, Position, encode_cursor
 from ..errors import CursorExpiredError, ValidationError, WatchClosedError
+from ..payloads import decode_payload
 from ..types import Event, Owner
-from ..validation import check_event_type, check_resource_id, check_resource_type
+from ..validation import check_event_type, check_resource_id, check_resource_type, describe
 
 #: The biggest position; the hub reads with no upper bound.
 END = Position(2**64 - 1, 2**63 - 1)
@@ -125,7 +125,7 @@ def _event(r: Sequence[Any], cursor: str) -> Event:
         actor=owner,
         lease_generation=r[14],
         lease_expires_at=r[15],
-        payload=json.loads(body) if body is not None else None,
+        payload=decode_payload(body) if body is not None else None,
         payload_sha256=bytes(sha) if sha is not None else None,
         created_at=r[18],
     )
@@ -151,9 +151,9 @@ class Filters:
         event_types: Iterable[str] | str | None,
     ) -> Filters:
         return cls(
-            _set(types, check_resource_type),
-            _set(resources, check_resource_id),
-            _set(event_types, _check_watch_event_type),
+            _set(types, check_resource_type, "types"),
+            _set(resources, check_resource_id, "resources"),
+            _set(event_types, _check_watch_event_type, "event_types"),
         )
 
     @property
@@ -176,11 +176,19 @@ def _check_watch_event_type(value: object) -> str:
     return check_event_type(value)
 
 
-def _set(values: Iterable[str] | str | None, check: Any) -> frozenset[str] | None:
+def _set(
+    values: Iterable[str] | str | None, check: Callable[[object], str], what: str
+) -> frozenset[str] | None:
     if values is None:
         return None
     if isinstance(values, str):
         values = [values]
+    # A bool, a number or an arbitrary object (types=False) is a caller's mistake;
+    # iterating it would raise a bare TypeError.
+    if not isinstance(values, Iterable):
+        raise ValidationError(
+            f"{what} must be a str, a collection of str or None, got {type(values).__name__}"
+        )
     checked = frozenset(check(v) for v in values)
     if not checked:
         raise ValidationError("an empty filter would match nothing; pass None for no filter")
@@ -195,7 +203,7 @@ def check_interval(value: object, what: str) -> float:
 
 def check_mode(value: object) -> Mode:
     if value not in ("listen", "poll"):
-        raise ValidationError(f"mode must be 'listen' or 'poll', got {value!r}")
+        raise ValidationError(f"mode must be 'listen' or 'poll', got {describe(value)}")
     return "listen" if value == "listen" else "poll"
 
 
