@@ -3,6 +3,7 @@
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
 from .ids import resource_id
+from .payloads import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, RawPayload
 from .postgres import AsyncPostgresStore, PostgresStore
 from .sqlite import AsyncSqliteStore, SqliteStore
 from .types import Claim, Event, LeaseState, MutationResult, Owner, Permit, ResourceState
@@ -12,11 +13,14 @@ __all__ = [
     "AsyncSqliteStore",
     "Claim",
     "Event",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_PAYLOAD_DEPTH",
     "LeaseState",
     "MutationResult",
     "Owner",
     "Permit",
     "PostgresStore",
+    "RawPayload",
     "ResourceState",
     "SqliteStore",
     "resource_id",

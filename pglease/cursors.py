@@ -10,6 +10,7 @@ import re
 from typing import NamedTuple
 
 from .errors import InvalidCursorError
+from .validation import describe
 
 _CURSOR = re.compile(r"(\d{1,20})\.(\d{1,19})")
 
@@ -31,8 +32,8 @@ def decode_cursor(cursor: str | None) -> Position:
     if cursor is None or cursor == "start":
         return START
     if not isinstance(cursor, str) or not (match := _CURSOR.fullmatch(cursor)):
-        raise InvalidCursorError(f"cursor {cursor!r} is not one pglease produced")
+        raise InvalidCursorError(f"cursor {describe(cursor)} is not one pglease produced")
     xid, event_id = int(match[1]), int(match[2])
     if xid >= 2**64 or event_id >= 2**63:
-        raise InvalidCursorError(f"cursor {cursor!r} is out of range")
+        raise InvalidCursorError(f"cursor {describe(cursor)} is out of range")
     return Position(xid, event_id)

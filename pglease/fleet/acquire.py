@@ -33,10 +33,11 @@ from typing import Any, Protocol
 import psycopg
 
 from .._common import claim_args
-from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError, ValidationError
+from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError
 from ..ids import token_hash
 from ..postgres import _core
 from ..types import Claim, Owner
+from ..validation import check_timeout
 from ._rooms import AsyncRoom, Member, SyncRoom, join_async, join_sync
 from ._sql import FleetQueries
 from ._timing import Timing
@@ -86,13 +87,7 @@ class _Outcome:
 
 
 def _check_timeout(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout != timeout:
-        raise ValidationError(f"timeout must be a number of seconds or None, got {timeout!r}")
-    if timeout < 0:
-        raise ValidationError("timeout must not be negative")
-    return float(timeout)
+    return check_timeout(timeout)
 
 
 class _Plan:

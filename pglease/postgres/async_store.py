@@ -18,7 +18,12 @@ from ..dsn import resolve_dsn
 from ..errors import PgleaseError, UnknownResourceError
 from ..migrations import migrate_async, migration_state_async
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
-from ..validation import check_resource_id, check_resource_type, check_schema_name
+from ..validation import (
+    check_positive_seconds,
+    check_resource_id,
+    check_resource_type,
+    check_schema_name,
+)
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, from_micros
@@ -46,6 +51,7 @@ class AsyncPostgresStore:
         connect_timeout: float = 10.0,
     ) -> None:
         self.schema = check_schema_name(schema)
+        connect_timeout = check_positive_seconds(connect_timeout, "connect_timeout")
         self._dsn = dsn
         self._q = Queries(schema)
         self._fast = AsyncFastPath(schema)

@@ -17,7 +17,12 @@ from ..dsn import resolve_dsn
 from ..errors import UnknownResourceError
 from ..migrations import migrate, migration_state
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
-from ..validation import check_resource_id, check_resource_type, check_schema_name
+from ..validation import (
+    check_positive_seconds,
+    check_resource_id,
+    check_resource_type,
+    check_schema_name,
+)
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, from_micros
@@ -50,6 +55,7 @@ class PostgresStore:
         connect_timeout: float = 10.0,
     ) -> None:
         self.schema = check_schema_name(schema)
+        connect_timeout = check_positive_seconds(connect_timeout, "connect_timeout")
         self.dsn = resolve_dsn(dsn)
         self._q = Queries(schema)
         self._fast = FastPath(schema)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sqlite3
 import threading
@@ -20,6 +19,7 @@ from ..errors import (
     ValidationError,
 )
 from ..migration_files import Migration, load_migrations
+from ..validation import check_positive_seconds
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -84,11 +84,10 @@ def check_path(path: object) -> str:
 
 
 def check_busy_timeout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValidationError(f"busy_timeout must be a finite number of seconds, got {value!r}")
-    if not 0 < value <= 3600:
-        raise ValidationError(f"busy_timeout must be in (0, 3600] seconds, got {value}")
-    return float(value)
+    seconds = check_positive_seconds(value, "busy_timeout")
+    if seconds > 3600:
+        raise ValidationError(f"busy_timeout must be in (0, 3600] seconds, got {seconds}")
+    return seconds
 
 
 # --- migrations ----------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..cursors import Position, decode_cursor, encode_cursor
 from ..errors import ValidationError, WatchClosedError
 from ..types import Event
+from ..validation import describe
 from ..watch._core import Filters, check_interval
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def _start(after: str | None) -> str | None:
     if after is None or after == "now":
         return None
     if not isinstance(after, str):
-        raise ValidationError(f"after must be a cursor, 'now' or 'start', got {after!r}")
+        raise ValidationError(f"after must be a cursor, 'now' or 'start', got {describe(after)}")
     decode_cursor(after)  # validates the shape
     return after
 

@@ -21,6 +21,7 @@ from typing import Final
 
 from ..cursors import Position
 from ..errors import ValidationError
+from ..validation import describe
 from ._core import Batch, Message
 
 #: Default bound: queued events per watcher before it reads from the log instead.
@@ -44,7 +45,7 @@ Item = Message | Overflow | None
 
 def check_max_pending(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError(f"max_pending must be an int >= 1, got {value!r}")
+        raise ValidationError(f"max_pending must be an int >= 1, got {describe(value)}")
     return value
 
 

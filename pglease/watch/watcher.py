@@ -17,6 +17,7 @@ from psycopg_pool import PoolClosed
 from ..cursors import START, Position, decode_cursor
 from ..errors import ValidationError, WatchClosedError
 from ..types import Event
+from ..validation import describe
 from . import hub as _hub
 from ._core import (
     PAGE,
@@ -71,7 +72,7 @@ def _after(after: str | None) -> tuple[Position | None, bool]:
     if after == "start":
         return START, True
     if not isinstance(after, str):
-        raise ValidationError(f"after must be a cursor, 'now' or 'start', got {after!r}")
+        raise ValidationError(f"after must be a cursor, 'now' or 'start', got {describe(after)}")
     return decode_cursor(after), False
 
 
