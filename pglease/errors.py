@@ -207,3 +207,13 @@ class AcquireTimeoutError(PgleaseError, TimeoutError):
 
 
 __all__ += ["AcquireTimeoutError", "InvalidTimingError"]
+
+
+# --- connection settings -------------------------------------------------------------
+
+
+class InvalidDsnError(ValidationError):
+    """A PostgreSQL DSN cannot be parsed (the message shows it without its password)."""
+
+
+__all__ += ["InvalidDsnError"]
