@@ -7,12 +7,14 @@ owner, 4 lease no longer current or revision stale.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
 
 import psycopg
+import psycopg.errors
 
 from .cli_support import (
     EXIT_ERROR,
@@ -20,21 +22,30 @@ from .cli_support import (
     EXIT_NOT_CURRENT,
     EXIT_OK,
     EXIT_USAGE,
+    connect_direct,
+    dsn_source,
     fail,
+    note_embedded,
     open_store,
     owner_arg,
     print_json,
+    read_token,
+    resolve_connection,
 )
+from .dsn import redact_text
 from .errors import (
     LeaseLostError,
     PgleaseError,
     StaleResourceError,
+    UnknownResourceError,
     ValidationError,
 )
 from .fleet import cli as fleet_cli
+from .ids import resource_id
 from .postgres import PostgresStore
 from .sessions import cli as sessions_cli
 from .types import Claim, Event, ResourceState
+from .validation import check_optional_revision, check_ttl
 from .watch import cli as watch_cli
 
 
@@ -66,39 +77,74 @@ def _claim_view(claim: Claim) -> dict[str, object]:
 
 def _print_claim(args: argparse.Namespace, claim: Claim) -> None:
     if args.json:
-        print_json(_claim_view(claim))
+        print_json({**_claim_view(claim), "dsn_source": dsn_source(args)})
     else:
         for key, value in _claim_view(claim).items():
             print(f"{key}: {value}")
 
 
+def _existing(store: PostgresStore, args: argparse.Namespace) -> ResourceState:
+    """The resource named on the command line; never created (reading must not write)."""
+    try:
+        return store.get(resource_id(args.type, args.key))
+    except UnknownResourceError:
+        raise UnknownResourceError(
+            f"unknown resource {args.type}/{args.key} (nothing was ever claimed there)"
+        ) from None
+
+
 def _current_claim(store: PostgresStore, args: argparse.Namespace) -> Claim:
     """Rebuild a claim from the command line; the token is what proves ownership."""
-    rid = store.ensure_resource(args.type, args.key)
-    state = store.get(rid)
+    state = _existing(store, args)
+    rid = state.id
     generation = args.generation if args.generation is not None else state.lease.generation
     expires = state.lease.expires_at or state.updated_at
     return Claim(rid, args.owner, args.token, generation, expires, state.revision)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from .dsn import resolve_dsn
+    # migrate is the explicit form of auto-migration: --no-migrate does not apply.
+    note_embedded(args)
     from .migrations import migrate
+    from .roles import RoleKind, grant, revoke
 
-    # A direct connection: a store would refuse to open the unmigrated schema.
-    with psycopg.connect(resolve_dsn(args.dsn), autocommit=True) as conn:
+    # A direct connection: a store refuses to open a schema with pending work.
+    with connect_direct(args) as conn:
         applied = [m.label for m in migrate(conn, args.schema)]
+        grants: list[tuple[str, RoleKind]] = [(r, "client") for r in args.grant_client or []]
+        grants += [(r, "reader") for r in args.grant_reader or []]
+        for role, kind in grants:
+            grant(conn, args.schema, role, kind)
+        for role in args.revoke or []:
+            revoke(conn, args.schema, role)
     if args.json:
-        print_json({"schema": args.schema, "applied": applied})
+        print_json(
+            {
+                "schema": args.schema,
+                "applied": applied,
+                "granted": [{"role": r, "kind": k} for r, k in grants],
+                "revoked": args.revoke or [],
+                "dsn_source": dsn_source(args),
+            }
+        )
     else:
         print(
             f"schema {args.schema}: "
             + (f"applied {', '.join(applied)}" if applied else "up to date")
         )
+        for role, kind in grants:
+            print(f"granted {kind} to {role}")
+        for role in args.revoke or []:
+            print(f"revoked every pglease privilege from {role}")
     return EXIT_OK
 
 
 def cmd_claim(args: argparse.Namespace) -> int:
+    # Everything that can refuse the claim is checked before ensure_resource,
+    # so a refused claim leaves no resource row behind.
+    resource_id(args.type, args.key)
+    check_ttl(args.ttl)
+    check_optional_revision(args.expected_revision)
     with open_store(args) as store:
         rid = store.ensure_resource(args.type, args.key)
         claim = store.claim(rid, args.owner, args.ttl, args.expected_revision)
@@ -113,6 +159,7 @@ def cmd_claim(args: argparse.Namespace) -> int:
                         "holder": holder.owner,
                         "generation": holder.generation,
                         "expires_at": holder.expires_at,
+                        "dsn_source": dsn_source(args),
                     }
                 )
             print(
@@ -126,6 +173,7 @@ def cmd_claim(args: argparse.Namespace) -> int:
 
 
 def cmd_renew(args: argparse.Namespace) -> int:
+    check_ttl(args.ttl)
     with open_store(args) as store:
         claim = store.renew(_current_claim(store, args), args.ttl, args.expected_revision)
         _print_claim(args, claim)
@@ -136,7 +184,7 @@ def cmd_release(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         revision = store.release(_current_claim(store, args), args.expected_revision)
     if args.json:
-        print_json({"released": True, "revision": revision})
+        print_json({"released": True, "revision": revision, "dsn_source": dsn_source(args)})
     else:
         print(f"released; revision {revision}")
     return EXIT_OK
@@ -157,7 +205,7 @@ def _resource_row(state: ResourceState, now: datetime) -> dict[str, object]:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         now = _db_now(store)
         rows = [_resource_row(s, now) for s in store.list_resources(args.type)]
     if args.json:
@@ -183,8 +231,8 @@ def _event_line(e: Event) -> str:
 
 
 def cmd_events(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
-        rid = store.ensure_resource(args.type, args.key)
+    with open_store(args, read_only=True) as store:
+        rid = _existing(store, args).id
         events: list[Event] = []
         while page := store.events(rid, events[-1].revision if events else args.after_revision):
             events.extend(page)
@@ -198,9 +246,9 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo.fleet import print_report, report_json, run_demo
-    from .dsn import resolve_dsn
 
-    dsn = resolve_dsn(args.dsn)
+    note_embedded(args)
+    dsn = args.dsn
     out = sys.stderr if args.json else sys.stdout
     # The demo gets a schema of its own, recreated on every run.
     report = run_demo(
@@ -226,7 +274,16 @@ def _lease_args(parser: argparse.ArgumentParser, *, ttl: bool, token: bool) -> N
     if ttl:
         parser.add_argument("--ttl", type=float, required=True, help="lease length in seconds")
     if token:
-        parser.add_argument("--token", required=True, help="the token printed by claim")
+        # Not required here: the token may come from --token-file or $PGLEASE_TOKEN.
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument(
+            "--token", help="the token printed by claim (visible to `ps`: prefer --token-file)"
+        )
+        source.add_argument(
+            "--token-file",
+            metavar="FILE",
+            help="read the token from FILE ('-' for stdin); default $PGLEASE_TOKEN",
+        )
         parser.add_argument(
             "--generation",
             type=int,
@@ -240,7 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pglease", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--dsn", help="PostgreSQL DSN (default: $PGLEASE_DSN, else the embedded server)"
+        "--dsn",
+        help="PostgreSQL DSN (default: $PGLEASE_DSN, else libpq's PGHOST, PGSERVICE, ...,"
+        " else the embedded server)",
     )
     parser.add_argument(
         "--schema",
@@ -248,9 +307,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="schema holding pglease's tables (default: pglease)",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="never apply migrations implicitly (read-only commands never do)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", help="apply pending schema migrations").set_defaults(func=cmd_migrate)
+    p = sub.add_parser(
+        "migrate",
+        help="apply pending schema migrations (as the schema's owner); grant pglease roles",
+    )
+    p.add_argument(
+        "--grant-client",
+        action="append",
+        metavar="ROLE",
+        help="let ROLE claim, renew, release, mutate and watch (repeatable)",
+    )
+    p.add_argument(
+        "--grant-reader",
+        action="append",
+        metavar="ROLE",
+        help="let ROLE read resources, events and sessions, and watch (repeatable)",
+    )
+    p.add_argument(
+        "--revoke", action="append", metavar="ROLE", help="take every pglease privilege from ROLE"
+    )
+    p.set_defaults(func=cmd_migrate)
     p = sub.add_parser("claim", help="claim a lease (exit 3 when held by another owner)")
     _lease_args(p, ttl=True, token=False)
     p.set_defaults(func=cmd_claim)
@@ -285,22 +368,62 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+#: Exit code after a closed stdout (`pglease ls | head -1`): 128 + SIGPIPE, as
+#: the shell reports a command killed by the signal.
+EXIT_BROKEN_PIPE = 141
+
+#: What a read-only command meets on a schema that was never migrated.
+_UNMIGRATED = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.InvalidSchemaName,
+)
+
+
+def _run(args: argparse.Namespace) -> int:
+    def failed(message: str, code: int) -> int:
+        return fail(redact_text(message, args.dsn), code)
+
     try:
+        if hasattr(args, "token_file"):
+            args.token = read_token(args.token, args.token_file)
+        resolve_connection(args)
         code: int = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe must fail here, not at exit
     except (LeaseLostError, StaleResourceError) as exc:
-        return fail(str(exc), EXIT_NOT_CURRENT)
-    except ValidationError as exc:
-        return fail(str(exc), EXIT_USAGE)
+        return failed(str(exc), EXIT_NOT_CURRENT)
+    except (ValidationError, UnknownResourceError) as exc:
+        return failed(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
-        return fail(str(exc), EXIT_ERROR)
+        return failed(str(exc), EXIT_ERROR)
+    except _UNMIGRATED as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return failed(
+            f"database error: {first} (is schema {args.schema} migrated? run `pglease migrate`)",
+            EXIT_ERROR,
+        )
     except psycopg.Error as exc:
-        return fail(f"database error: {str(exc).strip().splitlines()[0]}", EXIT_ERROR)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return failed(f"database error: {first}", EXIT_ERROR)
     except KeyboardInterrupt:
         return 130
     return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code. Never ends in a traceback for
+    expected faults (bad input, database errors, a closed stdout, Ctrl-C)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader went away (`| head`). Point stdout at /dev/null so the
+        # interpreter's final flush cannot raise again (Python docs, "Note on SIGPIPE").
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

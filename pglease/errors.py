@@ -226,3 +226,13 @@ class PermissionDeniedError(PgleaseError):
 
 
 __all__ += ["ClockOverrideError", "InvalidRoleError", "PermissionDeniedError"]
+
+
+# --- connection settings -------------------------------------------------------------
+
+
+class InvalidDsnError(ValidationError):
+    """A PostgreSQL DSN cannot be parsed (the message shows it without its password)."""
+
+
+__all__ += ["InvalidDsnError"]

@@ -85,8 +85,12 @@ _EVENT_ORDER_PREFIX = "event order:"
 
 
 def unavailable(exc: psycopg.OperationalError) -> DatabaseUnavailableError:
-    first_line = (str(exc).strip().splitlines() or ["no detail"])[-1]
-    return DatabaseUnavailableError(f"cannot connect to PostgreSQL: {first_line}")
+    """One line naming the server (libpq's first line has host and port), no password."""
+    from ..dsn import redact_text  # here: pglease.dsn imports the store's errors module
+
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    detail = redact_text("; ".join(lines) or "no detail")
+    return DatabaseUnavailableError(f"cannot connect to PostgreSQL: {detail}")
 
 
 def require_migrated(state: MigrationState) -> None:

@@ -44,7 +44,7 @@ def _repository(store: Any) -> PostgresSessionRepository:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         listing = _repository(store).list()
     rows = [_info_view(s) for s in listing.sessions]
     problems = [{"id": p.id, "error": str(p.error)} for p in listing.problems]
@@ -86,7 +86,7 @@ def _facts(snapshot: SessionSnapshot) -> dict[str, Any]:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_store(args, read_only=True) as store:
         repo = _repository(store)
         info = repo.info(args.id)
         snapshot = repo.snapshot(args.id)
@@ -130,7 +130,8 @@ def _print_written(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def _fork(args: argparse.Namespace, scope: Any, entry: str | None, position: Any) -> int:
-    with open_store(args) as store:
+    # Only reads PostgreSQL (the new session goes into a file): never migrates.
+    with open_store(args, read_only=True) as store:
         path = _repository(store).fork_to_file(
             args.id, args.to, scope, entry, position, id=args.new_id
         )

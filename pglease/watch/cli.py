@@ -7,7 +7,7 @@ import contextlib
 import sys
 import threading
 
-from ..cli_support import EXIT_OK, EXIT_USAGE, fail, open_store, print_json
+from ..cli_support import EXIT_OK, EXIT_USAGE, fail, open_store, print_json, sigterm_as_interrupt
 from ..errors import CursorExpiredError, PgleaseError, ValidationError
 from ..types import Event, Owner
 from .prune import parse_duration, prune
@@ -111,10 +111,16 @@ def format_event(event: Event) -> str:
 def cmd_watch(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         return fail("--limit must be at least 1", EXIT_USAGE)
+    # SIGTERM (kill, systemd, docker stop) ends the watch like Ctrl-C: with the cursor.
+    with sigterm_as_interrupt():
+        return _watch(args)
+
+
+def _watch(args: argparse.Namespace) -> int:
     as_json = bool(getattr(args, "json", False))
     watcher: Watcher | None = None
     try:
-        with open_store(args) as store:
+        with open_store(args, read_only=True) as store:
             watcher = Watcher(
                 store, after=args.after, types=args.types, resources=args.resources,
                 event_types=args.event_types, mode="poll" if args.poll else "listen",
@@ -178,7 +184,8 @@ def cmd_reap(args: argparse.Namespace) -> int:
                 return EXIT_OK
             stop = threading.Event()
             reaper = Reaper(store, owner, interval=args.interval)
-            with reaper, contextlib.suppress(KeyboardInterrupt):
+            # SIGTERM stops it like Ctrl-C: the election lease is released on the way out.
+            with sigterm_as_interrupt(), reaper, contextlib.suppress(KeyboardInterrupt):
                 stop.wait()
             print(f"reaped {reaper.reaped} leases", file=sys.stderr)
     except PgleaseError as exc:
