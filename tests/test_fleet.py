@@ -99,7 +99,11 @@ def test_hold_heartbeat_keeps_revision_and_releases(pg_store: PostgresStore) -> 
 
 def test_takeover_is_immediate_loss(pg_store: PostgresStore) -> None:
     seen: list[LeaseLostError] = []
-    with hold(pg_store, "run", "r2", A, 0.9, on_lost=seen.append) as lease:
+    # Leaving the block after the loss raises: the body did not finish under its lease.
+    with (
+        pytest.raises(LeaseLostError, match="left after the loss"),
+        hold(pg_store, "run", "r2", A, 0.9, on_lost=seen.append) as lease,
+    ):
         _takeover(pg_store, lease.resource_id)
         assert lease.lost.wait(10), "the next beat must report the takeover"
         with pytest.raises(LeaseLostError, match="no longer has it"):
@@ -115,7 +119,10 @@ def test_takeover_is_immediate_loss(pg_store: PostgresStore) -> None:
 def test_row_locked_past_trust_window_is_lost_locally(pg_store: PostgresStore) -> None:
     """Beats keep failing (the row is locked: 'busy'), so the trust window
     closes and the lease is lost locally, although the database still has it."""
-    with hold(pg_store, "run", "r3", A, 1.2) as lease:
+    with (
+        pytest.raises(LeaseLostError, match="left after the loss"),
+        hold(pg_store, "run", "r3", A, 1.2) as lease,
+    ):
         lost_at: list[float] = []
         lease.on_lost(lambda _e: lost_at.append(time.monotonic()))
         with psycopg.connect(pg_store.dsn) as blocker:

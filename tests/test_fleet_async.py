@@ -41,11 +41,12 @@ async def test_hold_async_heartbeats_and_releases(apg_store: AsyncPostgresStore)
 
 async def test_hold_async_takeover_signals(apg_store: AsyncPostgresStore) -> None:
     seen: list[LeaseLostError] = []
-    async with hold_async(apg_store, "run", "r2", A, 0.9, on_lost=seen.append) as lease:
-        assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
-        assert await lease.wait_lost(10)
-        with pytest.raises(LeaseLostError):
-            lease.check()
+    with pytest.raises(LeaseLostError, match="left after the loss"):
+        async with hold_async(apg_store, "run", "r2", A, 0.9, on_lost=seen.append) as lease:
+            assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
+            assert await lease.wait_lost(10)
+            with pytest.raises(LeaseLostError):
+                lease.check()
     assert len(seen) == 1
 
 

@@ -15,7 +15,7 @@ from pglease import Owner, PostgresStore, resource_id
 def _hold(dsn: str, schema: str, *command: str, ttl: str = "1.5") -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pglease", "--dsn", dsn, "--schema", schema, "hold", "job", "j1",
-         "--owner", "host:cli", "--ttl", ttl, "--kill-after", "2", "--", *command],
+         "--owner", "host:cli", "--ttl", ttl, "--", *command],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

@@ -28,7 +28,8 @@ Trust window
     database's expiry is never earlier. Transient errors are retried until the
     window closes; a beat that finds the generation or token changed is loss
     at once. Loss sets `lease.lost`, runs `on_lost` callbacks and makes
-    `check()` raise.
+    `check()` raise; leaving the `hold` block afterwards raises it too (a
+    body's own exception wins, with the loss as a note).
 
 Waiting
     `acquire`/`hold` wait for the holder's known expiry (a local delay computed

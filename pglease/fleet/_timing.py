@@ -32,7 +32,8 @@ class Timing:
     last successful renewal, on the local monotonic clock. The database judges
     expiry at ``server time of the renewal + ttl``, which is never earlier; the
     margin absorbs clock-rate drift and the time the holder needs to stop
-    working once it is told the lease is lost.
+    working once it is told the lease is lost (`pglease hold` kills its
+    command at the window's close, so the margin covers the kill's delay).
     """
 
     ttl: float

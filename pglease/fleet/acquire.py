@@ -291,18 +291,26 @@ def hold(
     ``request start + ttl - margin``; see `Timing`.
     """
     timing = Timing.of(ttl, interval, margin)  # bad settings fail before any claim
-    keeper = keeper or Keeper.for_store(store)
+    # Not `keeper or ...`: a keeper with no leases yet is falsy (it has __len__).
+    keeper = keeper if keeper is not None else Keeper.for_store(store)
     claim, requested_at = _acquire(
         store, resource_type, key, owner, timing.ttl, timeout, fair, use_watcher
     )
     lease = keeper.add(claim, timing, requested_at)
     if on_lost is not None:
         lease.on_lost(on_lost)
+    body_error: BaseException | None = None
     try:
         yield lease
+    except BaseException as exc:
+        body_error = exc
+        raise
     finally:
         keeper.remove(lease)
-        if lease.lost_error is None:
+        # A trust window that closed unnoticed is a loss too; the database may
+        # still have the lease, so it is released all the same.
+        expired = lease._expire_if_due()
+        if lease.lost_error is None or expired:
             try:
                 store.release(lease.claim)
             except LeaseLostError as exc:
@@ -313,6 +321,10 @@ def hold(
                     "could not release %s (it expires by itself): %s", claim.resource_id, exc
                 )
             lease._close("released on exit")
+        # Leaving the block after the loss must not look like success.
+        lost = lease._exit_error(body_error)
+        if lost is not None:
+            raise lost
 
 
 # --------------------------------------------------------------------------- asyncio
@@ -434,7 +446,7 @@ async def hold_async(
     ``release_on_cancel=True`` to release it in a shielded call instead.
     """
     timing = Timing.of(ttl, interval, margin)
-    keeper = keeper or AsyncKeeper.for_store(store)
+    keeper = keeper if keeper is not None else AsyncKeeper.for_store(store)
     claim, requested_at = await _acquire_async(
         store, resource_type, key, owner, timing.ttl, timeout, fair, use_watcher
     )
@@ -442,17 +454,26 @@ async def hold_async(
     if on_lost is not None:
         lease.on_lost(on_lost)
     cancelled = False
+    body_error: BaseException | None = None
     try:
         yield lease
-    except asyncio.CancelledError:
-        cancelled = True
+    except BaseException as exc:
+        body_error = exc
+        cancelled = isinstance(exc, asyncio.CancelledError)
         raise
     finally:
         keeper.remove(lease)
+        expired = lease._expire_if_due()  # see `hold`
         if cancelled and not release_on_cancel:
-            lease._lose("the holding task was cancelled; left to expire (release_on_cancel=False)")
-        elif lease.lost_error is None:
+            lease._lose(
+                "the holding task was cancelled; left to expire (release_on_cancel=False)",
+                abandoned=True,
+            )
+        elif lease.lost_error is None or expired:
             await asyncio.shield(asyncio.ensure_future(_release_async(store, lease)))
+        lost = lease._exit_error(body_error)
+        if lost is not None:
+            raise lost
 
 
 async def _release_async(store: AsyncLeaseStore, lease: AsyncHeldLease) -> None:

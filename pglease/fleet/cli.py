@@ -4,34 +4,59 @@ The runner acquires the lease (waiting up to ``--timeout``; default forever),
 keeps it alive with a keeper thread, and runs the command with
 ``PGLEASE_FENCE`` (the generation, to pass to downstream systems),
 ``PGLEASE_RESOURCE_ID``, ``PGLEASE_OWNER`` and ``PGLEASE_TTL`` in its
-environment. When the lease is lost the command gets SIGTERM, then SIGKILL
-after ``--kill-after`` seconds. SIGTERM/SIGINT sent to the runner are passed
-on to the command; the lease is released once it exits.
+environment.
+
+The command is dead before the lease can be claimed by another host, given
+the margin exceeds clock drift plus scheduling delay: the trust window closes
+at ``request start of the last renewal + ttl - margin`` (local monotonic
+clock) and the database lets nobody else claim before ``ttl`` after that
+request reached it. While renewals keep failing, the command gets SIGTERM
+``--kill-after`` seconds before the window closes and SIGKILL when it closes;
+the runner reaps it and only then releases the lease. When the database
+reports the lease gone, the command is killed at once. ``--kill-after`` is at
+most ``ttl - margin - 2 x interval``, so a healthy run, or one failed beat, is
+never stopped. SIGTERM/SIGINT sent to the runner are passed on to the command
+(SIGKILL ``--kill-after`` later, or at the window's close if sooner); the
+lease is released once it exits.
 
 Exit codes: the command's own; 128+N when it died of signal N (or the runner
-was stopped by signal N before it started); 75 when the lease was lost
-(the command was stopped); 3 when ``--timeout`` ran out before the lease was
-acquired; 2 usage; 1 other errors.
+was stopped by signal N before it started); 75 when the lease was lost, or
+about to be, while the command ran (the command was stopped); 127 when the
+command was not found, 126 when it could not be run; 3 when ``--timeout`` ran
+out before the lease was acquired; 2 usage; 1 other errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
+import psycopg
+
 from ..cli_support import EXIT_HELD, EXIT_USAGE, fail, open_store, owner_arg
-from ..errors import AcquireTimeoutError, LeaseLostError
+from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError
+from ..types import Claim
+from ._timing import Timing
 from .acquire import hold
+from .keeper import Keeper
+from .lease import HeldLease
 
 #: Exit code when the lease was lost while the command ran (EX_TEMPFAIL).
 EXIT_LEASE_LOST = 75
+#: Shell conventions: command not found / found but not executable.
+EXIT_NOT_FOUND = 127
+EXIT_CANNOT_RUN = 126
+#: Default grace between SIGTERM and SIGKILL, when the timing allows it.
+DEFAULT_KILL_AFTER = 5.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -41,6 +66,18 @@ class _Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+class _RunnerKeeper(Keeper):
+    """The runner's keeper: it never gives a lost lease back itself.
+
+    The shared keeper releases a lease lost by the local clock at once, which
+    lets another host claim while the command may still be running; the
+    runner releases only after it has reaped the command (`_release_after`).
+    """
+
+    def _release_quietly(self, claim: Claim) -> None:
+        return None
 
 
 def register(subparsers: Any) -> None:
@@ -60,25 +97,137 @@ def register(subparsers: Any) -> None:
     p.add_argument("--interval", type=float, help="renew interval (default ttl/3)")
     p.add_argument("--margin", type=float, help="local safety margin (default ttl/10)")
     p.add_argument(
-        "--kill-after", type=float, default=5.0, help="SIGKILL this long after SIGTERM (5 s)"
+        "--kill-after",
+        type=float,
+        help="SIGTERM this long before the trust window closes, SIGKILL when it closes"
+        f" (default {DEFAULT_KILL_AFTER:g} s, or ttl - margin - 2 x interval if less)",
     )
     p.add_argument("command", nargs="+", help="-- COMMAND ARGS... (after a literal --)")
     p.set_defaults(func=cmd_hold)
 
 
-def _stop_child(child: subprocess.Popen[bytes], kill_after: float, signum: int) -> int:
-    if child.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
-        try:
-            child.wait(kill_after)
-        except subprocess.TimeoutExpired:
-            child.kill()
-    return child.wait()
+def kill_after_bound(timing: Timing) -> float:
+    """The longest grace the timing allows: SIGTERM at the trust window's close
+    minus the grace must come after two renew intervals without a renewal."""
+    return timing.ttl - timing.margin - 2 * timing.interval
+
+
+def _grace(requested: float | None, timing: Timing) -> float | str:
+    """The SIGTERM-to-SIGKILL grace, or the usage error's message."""
+    bound = kill_after_bound(timing)
+    if requested is None:
+        return min(DEFAULT_KILL_AFTER, bound)
+    if not requested >= 0:  # also refuses NaN
+        return f"--kill-after must be a non-negative number of seconds, got {requested:g}"
+    if requested > bound:
+        return (
+            f"--kill-after {requested:g}s exceeds ttl - margin - 2 x interval ="
+            f" {bound:.3g}s (ttl {timing.ttl:g}s, interval {timing.interval:.3g}s,"
+            f" margin {timing.margin:.3g}s): the command gets SIGTERM that long before"
+            " the trust window closes, so a longer grace would stop healthy runs;"
+            " raise --ttl or lower --interval/--margin"
+        )
+    return requested
+
+
+def _send(child: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signum)
 
 
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
+
+
+class _Supervisor:
+    """Runs the command's stop schedule against the lease's trust window."""
+
+    def __init__(
+        self,
+        child: subprocess.Popen[bytes],
+        lease: HeldLease,
+        grace: float,
+        received: list[int],
+        wake: threading.Event,
+    ) -> None:
+        self.child = child
+        self.lease = lease
+        self.grace = grace
+        self.received = received
+        self.wake = wake
+        #: The runner stopped the command because of the lease.
+        self.stopped_for_lease = False
+        # When the command got SIGTERM (or a forwarded signal): SIGKILL follows
+        # `grace` later at the latest.
+        self._term_at: float | None = None
+
+    def run(self) -> int:
+        """Wait until the command is dead and reaped; return its returncode."""
+        seen = 0
+        while True:
+            # Cleared before the state is read: a wake-up after this is not lost.
+            self.wake.clear()
+            if seen < len(self.received):
+                seen = len(self.received)  # the handler already forwarded them
+                if self._term_at is None:
+                    self._term_at = time.monotonic()
+            if self.child.poll() is not None:
+                return self.child.returncode
+            with contextlib.suppress(LeaseLostError):
+                self.lease.check()  # the clock decides even if no thread noticed yet
+            now = time.monotonic()
+            # A loss the database reported (taken over) ends trust at once, so
+            # the command is killed straight away: someone else may hold it now.
+            closes = self.lease.trusted_until
+            if self._term_at is None and now >= closes - self.grace:
+                lost = self.lease.lost_error
+                self._stop(
+                    f"{lost}; stopping the command"
+                    if lost is not None
+                    else f"the lease on {self.lease.resource_id} was not renewed and its"
+                    f" trust window closes in {closes - now:.3f}s; stopping the command"
+                    " (SIGTERM now, SIGKILL when the window closes)"
+                )
+                _send(self.child, signal.SIGTERM)
+                self._term_at = now
+            kill_at = closes if self._term_at is None else min(closes, self._term_at + self.grace)
+            if now >= kill_at:
+                if now >= closes:
+                    self._stop("the lease's trust window closed; killing the command")
+                return self._kill()
+            wake_at = kill_at if self._term_at is not None else closes - self.grace
+            self.wake.wait(max(0.0, wake_at - time.monotonic()))
+
+    def _stop(self, message: str) -> None:
+        if not self.stopped_for_lease:
+            self.stopped_for_lease = True
+            print(f"pglease: {message}", file=sys.stderr, flush=True)
+
+    def _kill(self) -> int:
+        _send(self.child, signal.SIGKILL)
+        return self.child.wait()
+
+
+def _release_after(store: Any, lease: HeldLease) -> None:
+    """Give back a lease lost by the local clock, once the command is reaped:
+    the database may still have it, and others need not wait for its expiry."""
+    lost_at = lease.lost_at
+    if lost_at is None or lost_at < lease.deadline:
+        return  # still held (released on exit) or reported gone by the database
+    with contextlib.suppress(LeaseLostError, PgleaseError, psycopg.Error):
+        store.release(lease.claim)
+
+
+def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | int:
+    """Start the command, or return the exit code for a command that cannot run."""
+    try:
+        return subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        return fail(f"{command[0]}: command not found", EXIT_NOT_FOUND)
+    except OSError as exc:
+        # EACCES (not executable, a directory), ENOEXEC (not a program): 126 as in sh.
+        reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+        return fail(f"{command[0]}: cannot run: {reason}", EXIT_CANNOT_RUN)
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
@@ -87,6 +236,10 @@ def cmd_hold(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         return fail("hold needs a command after --", EXIT_USAGE)
+    timing = Timing.of(args.ttl, args.interval, args.margin)  # bad settings: exit 2
+    grace = _grace(args.kill_after, timing)
+    if isinstance(grace, str):
+        return fail(grace, EXIT_USAGE)
     child: subprocess.Popen[bytes] | None = None
     wake = threading.Event()
     received: list[int] = []
@@ -96,17 +249,17 @@ def cmd_hold(args: argparse.Namespace) -> int:
         wake.set()
         if child is None:
             raise _Interrupted(signum)
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
+        _send(child, signum)
 
+    supervisor: _Supervisor | None = None
     previous = {s: signal.signal(s, on_signal) for s in _SIGNALS}
     try:
-        with open_store(args) as store:
+        with open_store(args) as store, _RunnerKeeper(store) as keeper:
             try:
                 with hold(
-                    store, args.type, args.key, args.owner, args.ttl, timeout=args.timeout,
-                    fair=args.fair, interval=args.interval, margin=args.margin,
-                    on_lost=lambda _e: wake.set(),
+                    store, args.type, args.key, args.owner, timing.ttl, timeout=args.timeout,
+                    fair=args.fair, interval=timing.interval, margin=timing.margin,
+                    on_lost=lambda _e: wake.set(), keeper=keeper,
                 ) as lease:  # fmt: skip
                     env = {
                         **os.environ,
@@ -115,31 +268,31 @@ def cmd_hold(args: argparse.Namespace) -> int:
                         "PGLEASE_OWNER": str(lease.owner),
                         "PGLEASE_TTL": repr(lease.timing.ttl),
                     }
-                    child = subprocess.Popen(command, env=env)
-                    proc = child
+                    spawned = _spawn(command, env)
+                    if isinstance(spawned, int):
+                        return spawned  # released on the way out
+                    child = proc = spawned
 
                     def reap() -> None:
                         proc.wait()
                         wake.set()
 
                     threading.Thread(target=reap, daemon=True).start()
-                    while proc.poll() is None and not received:
-                        # The clock decides even if no thread noticed yet.
-                        try:
-                            lease.check()
-                        except LeaseLostError:
-                            break
-                        wake.wait(max(0.01, min(0.5, lease.time_left())))
-                        wake.clear()
-                    if proc.poll() is None and lease.lost_error is not None and not received:
-                        print(f"pglease: {lease.lost_error}; stopping the command", file=sys.stderr)
-                        _stop_child(proc, args.kill_after, signal.SIGTERM)
-                        return EXIT_LEASE_LOST
-                    if received:
-                        return _exit_code(_stop_child(proc, args.kill_after, received[0]))
-                    return _exit_code(proc.wait())
+                    supervisor = _Supervisor(proc, lease, grace, received, wake)
+                    returncode = supervisor.run()
+                    _release_after(store, lease)
+                    if supervisor.stopped_for_lease:
+                        code = EXIT_LEASE_LOST
+                    else:
+                        code = _exit_code(returncode)
             except AcquireTimeoutError as exc:
                 return fail(str(exc), EXIT_HELD)
+            except LeaseLostError as exc:
+                # Lost while the command ran: the block was left after the loss.
+                if supervisor is None or not supervisor.stopped_for_lease:
+                    print(f"pglease: {exc}", file=sys.stderr)
+                return EXIT_LEASE_LOST
+            return code
     except _Interrupted as exc:
         return 128 + exc.signum
     finally:

@@ -5,6 +5,10 @@ the keeper) and the local monotonic instant until which it may trust itself.
 It is lost, once and for good, when the keeper learns the database no longer
 has it (taken over, released, expired) or when the trust window closes
 without a successful renewal, even if the database cannot be reached.
+
+Leaving a `hold` block after the loss raises `LeaseLostError` (see
+`_LeaseBase._exit_error`): a body that finished without its lease must not
+look successful.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ class _LeaseBase:
         #: When the keeper should renew next (monotonic).
         self.next_due = requested_at + timing.interval
         self._error: LeaseLostError | None = None
+        #: Monotonic instant the loss was recorded; None while held or released.
+        self._lost_at: float | None = None
+        # Lost on purpose by the holder (a cancelled task left it to run out):
+        # not a loss to report when the block is left.
+        self._abandoned = False
         self._callbacks: list[LostCallback] = []
         #: Successful heartbeats so far.
         self.renewals = 0
@@ -79,6 +88,17 @@ class _LeaseBase:
         return self._deadline - time.monotonic()
 
     @property
+    def lost_at(self) -> float | None:
+        """Local `time.monotonic()` instant the loss was recorded (None if not lost)."""
+        return self._lost_at
+
+    @property
+    def trusted_until(self) -> float:
+        """Monotonic instant trust ends: the window's close, or the loss if earlier."""
+        lost_at = self._lost_at
+        return self._deadline if lost_at is None else min(self._deadline, lost_at)
+
+    @property
     def lost_error(self) -> LeaseLostError | None:
         """Why the lease was lost, or None while it is held."""
         return self._error
@@ -90,11 +110,34 @@ class _LeaseBase:
 
     def check(self) -> None:
         """Raise `LeaseLostError` if the lease is lost or its trust window closed."""
-        if self._error is None and time.monotonic() >= self._deadline:
-            # The watchdog may be late (GIL, blocked loop): the clock decides.
-            self._lose("the local trust window closed without a successful renewal")
+        self._expire_if_due()
         if self._error is not None:
             raise self._error
+
+    def _expire_if_due(self) -> bool:
+        """Lose the lease if its trust window closed; True if this call lost it."""
+        if self._error is None and time.monotonic() >= self._deadline:
+            # The watchdog may be late (GIL, blocked loop): the clock decides.
+            return self._lose("the local trust window closed without a successful renewal")
+        return False
+
+    def _exit_error(self, body_error: BaseException | None) -> LeaseLostError | None:
+        """What leaving the `hold` block must raise: the loss, if the lease was lost
+        while held (not released, not abandoned on purpose), unless the body raised.
+
+        A body's own exception propagates unchanged; the loss is added to it as a
+        note, so it does not mask the body's error.
+        """
+        with self._lock:
+            error = None if self._abandoned or self._lost_at is None else self._error
+        if error is None or body_error is error:  # the body's own check() raised it
+            return None
+        if body_error is not None:
+            body_error.add_note(f"pglease: while the block ran, {error}")
+            return None
+        exit_error = LeaseLostError(f"{error} (the hold block was left after the loss)")
+        exit_error.__cause__ = error
+        return exit_error
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call `callback(error)` once when the lease is lost (at once if it already is)."""
@@ -120,8 +163,12 @@ class _LeaseBase:
             self.renewals += 1
             return True
 
-    def _lose(self, reason: str) -> bool:
-        """Mark lost (once); run callbacks and signal. True if this call lost it."""
+    def _lose(self, reason: str, *, abandoned: bool = False) -> bool:
+        """Mark lost (once); run callbacks and signal. True if this call lost it.
+
+        `abandoned`: the holder gave it up on purpose without releasing it, so
+        leaving the block does not report it as a loss.
+        """
         with self._lock:
             if self._error is not None:
                 return False
@@ -130,6 +177,8 @@ class _LeaseBase:
                 f"lease generation {claim.generation} of {claim.owner} on {claim.resource_id}"
                 f" is lost: {reason}"
             )
+            self._lost_at = time.monotonic()
+            self._abandoned = abandoned
             callbacks, self._callbacks = self._callbacks, []
             error = self._error
         log.warning("%s", error)
