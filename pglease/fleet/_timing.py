@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..errors import InvalidTimingError
-from ..validation import check_ttl
+from ..validation import check_positive_seconds, check_ttl
 
 #: The renew interval may be at most this fraction of the TTL: two more beats
 #: can fail before the lease runs out (DESIGN.md: renew at most every ttl/3).
@@ -16,12 +15,7 @@ LATE_FRACTION = 0.5
 
 
 def _positive(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidTimingError(f"{what} must be a number of seconds, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise InvalidTimingError(f"{what} must be a positive, finite number of seconds")
-    return number
+    return check_positive_seconds(value, what, InvalidTimingError)
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,8 @@ class Election:
         self.name = name
         self.candidate = candidate
         self._store = store
-        self._keeper = keeper or Keeper.for_store(store)
+        # Not `keeper or ...`: a keeper with no leases yet is falsy (it has __len__).
+        self._keeper = keeper if keeper is not None else Keeper.for_store(store)
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._fair = fair
@@ -268,7 +269,7 @@ class AsyncElection:
             await task
 
     async def _run(self) -> None:
-        keeper = self._keeper or AsyncKeeper.for_store(self._store)
+        keeper = self._keeper if self._keeper is not None else AsyncKeeper.for_store(self._store)
         while not self._stop.is_set():
             try:
                 claim, requested_at = await _acquire_async(
