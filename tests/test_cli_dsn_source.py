@@ -65,6 +65,8 @@ def test_libpq_environment_reaches_its_server(pg_dsn: str, schema: str) -> None:
     migrated = _pglease(schema, "--json", "migrate", env=env)
     assert json.loads(migrated.stdout) == {
         "applied": [],
+        "granted": [],
+        "revoked": [],
         "dsn_source": "libpq-env",
         "schema": schema,
     }
