@@ -5,6 +5,7 @@ model (owner, client, reader) holds with real login roles."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 import uuid
@@ -451,19 +452,56 @@ def test_the_cli_runs_as_a_client_role(
     store: PostgresStore, roles: Roles, pg_dsn: str, schema: str
 ) -> None:
     name, dsn = roles.make("client")
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        grant(conn, schema, name, "client")
 
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    def cli(as_dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "pglease", "--dsn", dsn, "--schema", schema, *args],
+            [sys.executable, "-m", "pglease", "--dsn", as_dsn, "--schema", schema, *args],
             capture_output=True,
             text=True,
             timeout=60,
         )
 
-    claimed = cli("claim", "job", "cli", "--owner", "host:a", "--ttl", "30")
+    # Before the owner grants anything the role cannot even read the state.
+    refused = cli(dsn, "ls")
+    assert refused.returncode == 1
+    assert "cannot read the migration state" in refused.stderr
+    granted = cli(pg_dsn, "--json", "migrate", "--grant-client", name)
+    assert granted.returncode == 0, granted.stderr
+    assert json.loads(granted.stdout)["granted"] == [{"role": name, "kind": "client"}]
+    claimed = cli(dsn, "claim", "job", "cli", "--owner", "host:a", "--ttl", "30")
     assert claimed.returncode == 0, claimed.stderr
-    listed = cli("ls")
+    listed = cli(dsn, "ls")
     assert listed.returncode == 0, listed.stderr
     assert "host:a" in listed.stdout
+    # The owner's job stays the owner's.
+    pruned = cli(dsn, "prune", "--older-than", "1d")
+    assert pruned.returncode != 0
+    assert "permission denied" in pruned.stderr
+    assert "Traceback" not in pruned.stderr
+    assert cli(pg_dsn, "migrate", "--revoke", name).returncode == 0
+    assert cli(dsn, "ls").returncode == 1
+
+
+def test_cli_grants_a_reader_that_cannot_write(
+    store: PostgresStore, roles: Roles, pg_dsn: str, schema: str
+) -> None:
+    name, dsn = roles.make("reader")
+    base = [sys.executable, "-m", "pglease", "--schema", schema]
+    granted = subprocess.run(
+        [*base, "--dsn", pg_dsn, "migrate", "--grant-reader", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert granted.returncode == 0, granted.stderr
+    assert f"granted reader to {name}" in granted.stdout
+    before = counts(pg_dsn, schema)
+    claim = subprocess.run(
+        [*base, "--dsn", dsn, "claim", "job", "r", "--owner", "host:a", "--ttl", "30"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert claim.returncode == 1
+    assert "permission denied" in claim.stderr and "role model" in claim.stderr
+    assert counts(pg_dsn, schema) == before
