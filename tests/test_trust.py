@@ -505,3 +505,57 @@ def test_cli_grants_a_reader_that_cannot_write(
     assert claim.returncode == 1
     assert "permission denied" in claim.stderr and "role model" in claim.stderr
     assert counts(pg_dsn, schema) == before
+
+
+# --- fence at commit ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_write_whose_lease_expires_before_commit_is_refused(
+    pg_dsn: str, schema: str, flavour: str
+) -> None:
+    """A holder whose own SQL stalls past its TTL cannot commit its fenced write."""
+    import asyncio
+
+    from pglease import AsyncPostgresStore, LeaseExpiredError
+
+    with PostgresStore(pg_dsn, schema=schema, max_size=2) as store:
+        rid = store.ensure_resource("job", f"stall-{flavour}")
+        claim = store.claim(rid, A, 0.5)
+        assert claim is not None
+        before = counts(pg_dsn, schema)
+        # The stall outlasts the TTL by the database's own clock, however fast
+        # the host: the apply sleeps until the lease's expiry has passed.
+        until = claim.expires_at.isoformat()
+        stall = f"SELECT pg_sleep_until('{until}'::timestamptz + interval '100 ms')"
+        permit = Permit(rid, claim.revision, claim)
+        with pytest.raises(LeaseExpiredError, match="before the write committed"):
+            if flavour == "sync":
+                store.mutate(permit, "job.step", lambda conn: conn.execute(stall))
+            else:
+
+                async def run() -> None:
+                    async def apply(conn: psycopg.AsyncConnection[Any]) -> None:
+                        await conn.execute(stall)
+
+                    async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=1) as s:
+                        await s.mutate(permit, "job.step", apply)
+
+                asyncio.run(run())
+        assert counts(pg_dsn, schema) == before
+        # A rival takes over; the log holds no write of the old generation after it.
+        taken = store.claim(rid, B, 30)
+        assert taken is not None and taken.generation == claim.generation + 1
+        assert [e.type for e in store.events(rid)] == [
+            "lease.claimed",
+            "lease.expired",
+            "lease.claimed",
+        ]
+
+
+def test_a_write_that_commits_in_time_passes_the_fence(store: PostgresStore) -> None:
+    rid = store.ensure_resource("job", "in-time")
+    claim = store.claim(rid, A, 30)
+    assert claim is not None
+    result = store.mutate(Permit(rid, claim.revision, claim), "job.step", payload={"ok": True})
+    assert store.events(rid)[-1].revision == result.revision

@@ -190,14 +190,22 @@ class AsyncPostgresStore:
         now: datetime | None = None,
     ) -> MutationResult:
         args = _core.mutate_args(permit, event_type, payload, actor, now)
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.pool.connection() as conn:
             try:
-                cur = await conn.execute(self._q.mutate_begin, args)
-                row = await cur.fetchone()
+                async with conn.transaction():
+                    try:
+                        cur = await conn.execute(self._q.mutate_begin, args)
+                        row = await cur.fetchone()
+                    except psycopg.Error as exc:
+                        raise _core.translate(exc) or exc from None
+                    assert row is not None
+                    value = await apply(conn) if apply is not None else None
             except psycopg.Error as exc:
-                raise _core.translate(exc) or exc from None
-            assert row is not None
-            value = await apply(conn) if apply is not None else None
+                # At COMMIT: the fence refuses a lease that expired meanwhile.
+                mapped = _core.translate(exc)
+                if mapped is None:
+                    raise
+                raise mapped from None
         return MutationResult(permit.resource_id, row[0], row[1], value)
 
     async def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:

@@ -187,13 +187,21 @@ class PostgresStore:
         rolls everything back: no revision bump, no event, no payload.
         """
         args = _core.mutate_args(permit, event_type, payload, actor, now)
-        with self._conns.borrow() as conn, conn.transaction():
+        with self._conns.borrow() as conn:
             try:
-                row = conn.execute(self._q.mutate_begin, args).fetchone()
+                with conn.transaction():
+                    try:
+                        row = conn.execute(self._q.mutate_begin, args).fetchone()
+                    except psycopg.Error as exc:
+                        raise _core.translate(exc) or exc from None
+                    assert row is not None
+                    value = apply(conn) if apply is not None else None
             except psycopg.Error as exc:
-                raise _core.translate(exc) or exc from None
-            assert row is not None
-            value = apply(conn) if apply is not None else None
+                # At COMMIT: the fence refuses a lease that expired meanwhile.
+                mapped = _core.translate(exc)
+                if mapped is None:
+                    raise
+                raise mapped from None
         return MutationResult(permit.resource_id, row[0], row[1], value)
 
     def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:

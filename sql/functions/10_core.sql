@@ -339,6 +339,40 @@ BEGIN
         p_owner_type, p_owner_id, p_generation, NULL, NULL) b;
 END $$;
 
+-- Fence at commit (trigger events_fence_at_commit, sql/0011): the lease of a
+-- fenced mutation must still be unexpired, by the database clock, when its
+-- transaction commits. No one else can have changed the lease meanwhile: the
+-- transaction holds its row lock since mutate_begin, which is also why a
+-- heartbeat (SKIP LOCKED) cannot extend it while the mutation runs. Under the
+-- owner's test clock the mutation's own `now` (stashed by mutate_begin) is
+-- the commit time; a `pglease.test_now` set by anyone else is ignored.
+CREATE OR REPLACE FUNCTION @schema@._fence_at_commit() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    l record;
+    v_now timestamptz := clock_timestamp();
+    v_test text := current_setting('pglease.test_now', true);
+BEGIN
+    IF coalesce(v_test, '') <> ''
+       AND coalesce((SELECT s.test_clock FROM @schema@.settings s), false) THEN
+        v_now := v_test::timestamptz;
+    END IF;
+    SELECT x.generation, x.owner_id, x.expires_at INTO l
+      FROM @schema@.leases x WHERE x.resource_id = NEW.resource_id;
+    IF NOT FOUND OR l.owner_id IS NULL OR l.generation <> NEW.lease_generation THEN
+        RAISE EXCEPTION 'lease generation % on % is no longer current at commit',
+            NEW.lease_generation, NEW.resource_id USING ERRCODE = 'PGL03';
+    END IF;
+    IF l.expires_at <= v_now THEN
+        RAISE EXCEPTION 'lease generation % on % expired at % before the write committed (%)',
+            NEW.lease_generation, NEW.resource_id, l.expires_at, v_now
+            USING ERRCODE = 'PGL04',
+                  HINT = 'a fenced mutation must commit before its lease expires';
+    END IF;
+    RETURN NULL;
+END $$;
+
 -- First statement of a mutation's transaction: checks the permit under the row
 -- lock, stores the payload, bumps the revision and appends the event. The
 -- caller's own SQL runs afterwards in the same transaction, still under the lock.
@@ -392,6 +426,11 @@ BEGIN
     END IF;
     l := @schema@._lock_lease(p_resource);
     v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
+    IF p_now IS NOT NULL THEN
+        -- The test clock is on (else _clock_now refused): the fence at commit
+        -- judges by this time too.
+        PERFORM set_config('pglease.test_now', v_now::text, true);
+    END IF;
     IF p_token_sha256 IS NOT NULL THEN
         PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation,
                                         p_token_sha256);
