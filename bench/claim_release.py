@@ -56,7 +56,9 @@ from pglease.postgres._fastpath import CLAIM, RELEASE, FastPath
 TARGET_RATIO = 0.8
 RESOURCE_TYPE = "bench"
 PGBENCH_TYPE = "pgbench"
-#: pgbench resources get ids str(PGBENCH_ID_BASE + i): pgbench can only pass a
+#: pgbench resources get ids "pgbench-" + the 40-digit zero-padded number
+#: PGBENCH_ID_BASE + i (decimal digits are hex digits, so the SQL functions'
+#: id check accepts them): pgbench can only pass a
 #: random *number* as a parameter, so these ids are numbers (all 19 digits long).
 PGBENCH_ID_BASE = 10**18
 OWNER_TYPE = "bench"
@@ -139,8 +141,9 @@ def setup_schema(dsn: str, schema: str, resources: int) -> list[str]:
             ).fetchall()
             conn.execute(
                 f'INSERT INTO "{schema}".resources (id, type, key)'
-                " SELECT (%s::bigint + g)::text, %s, g::text FROM generate_series(0, %s - 1) g",
-                [PGBENCH_ID_BASE, PGBENCH_TYPE, resources],
+                " SELECT %s || '-' || lpad((%s::bigint + g)::text, 40, '0'), %s, g::text"
+                " FROM generate_series(0, %s - 1) g",
+                [PGBENCH_TYPE, PGBENCH_ID_BASE, PGBENCH_TYPE, resources],
             )
             conn.execute(
                 f'INSERT INTO "{schema}".leases (resource_id)'
@@ -388,9 +391,12 @@ def pgbench_script(schema: str, resources: int) -> str:
             text = text.replace(f"${k}", args[k - 1])
         return text
 
-    claim = fill(statements[CLAIM], [":rid", ":otype", ":oid", ":tok", ":ttl", "NULL", "NULL"])
+    # The id is built from the random number in SQL (one concatenation: pgbench
+    # variables are numbers); everything else is the store's statement.
+    rid = f"'{PGBENCH_TYPE}-' || lpad(:rid::text, 40, '0')"
+    claim = fill(statements[CLAIM], [rid, ":otype", ":oid", ":tok", ":ttl", "NULL", "NULL"])
     release = fill(
-        statements[RELEASE], [":rid", ":otype", ":oid", ":generation", ":tok", "NULL", "NULL"]
+        statements[RELEASE], [rid, ":otype", ":oid", ":generation", ":tok", "NULL", "NULL"]
     )
     lo, hi = PGBENCH_ID_BASE, PGBENCH_ID_BASE + resources - 1
     return f"\\set rid random({lo}, {hi})\n{claim} \\gset\n\\if :claimed\n{release}\n\\endif\n"
