@@ -559,3 +559,25 @@ def test_a_write_that_commits_in_time_passes_the_fence(store: PostgresStore) -> 
     assert claim is not None
     result = store.mutate(Permit(rid, claim.revision, claim), "job.step", payload={"ok": True})
     assert store.events(rid)[-1].revision == result.revision
+
+
+def test_a_client_role_runs_postgres_sessions_and_a_reader_reads_them(
+    store: PostgresStore, roles: Roles, pg_dsn: str, schema: str
+) -> None:
+    from pglease.sessions import PostgresSessionRepository
+
+    client_name, client_dsn = roles.make("client")
+    reader_name, reader_dsn = roles.make("reader")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        grant(conn, schema, client_name, "client")
+        grant(conn, schema, reader_name, "reader")
+    with PostgresStore(client_dsn, schema=schema, max_size=2) as client:
+        repo = PostgresSessionRepository(client, renew_interval=None)
+        with repo.create("s1") as session:
+            entry = session.append_entry("message", None, {"message": {"role": "user"}})
+        assert [e.id for e in repo.open("s1").scan_entries()] == [entry.id]
+    with PostgresStore(reader_dsn, schema=schema, max_size=2) as reader:
+        [(entries,)] = sql(reader_dsn, f'SELECT count(*) FROM "{schema}".session_entries')
+        assert entries == 1
+        _denied(reader_dsn, f'DELETE FROM "{schema}".session_entries')
+        assert reader.list_resources("session")
