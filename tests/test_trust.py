@@ -581,3 +581,33 @@ def test_a_client_role_runs_postgres_sessions_and_a_reader_reads_them(
         assert entries == 1
         _denied(reader_dsn, f'DELETE FROM "{schema}".session_entries')
         assert reader.list_resources("session")
+
+
+def test_the_owner_revokes_a_stuck_lease_and_a_client_cannot(
+    store: PostgresStore, roles: Roles, pg_dsn: str, schema: str
+) -> None:
+    from pglease import LeaseLostError
+    from pglease.admin import revoke_lease
+
+    rid = store.ensure_resource("job", "stuck")
+    stuck = store.claim(rid, A, 600)
+    assert stuck is not None
+    name, dsn = roles.make("client")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        grant(conn, schema, name, "client")
+    with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(PermissionDeniedError):
+        revoke_lease(conn, schema, rid)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        done = revoke_lease(conn, schema, rid)
+        assert done.revoked and done.holder == A and done.generation == stuck.generation + 1
+        again = revoke_lease(conn, schema, rid)
+        assert not again.revoked and again.revision == done.revision
+    with pytest.raises(LeaseLostError):
+        store.mutate(Permit(rid, done.revision, stuck), "job.step")
+    with pytest.raises(LeaseLostError):
+        store.renew(stuck, 30)
+    events = store.events(rid)
+    assert [e.type for e in events] == ["lease.claimed", "lease.revoked"]
+    assert events[-1].lease_generation == done.generation and events[-1].actor == A
+    taken = store.claim(rid, B, 30)
+    assert taken is not None and taken.generation == done.generation + 1

@@ -472,3 +472,41 @@ BEGIN
                           CASE WHEN p_token_sha256 IS NULL THEN NULL ELSE p_generation END,
                           NULL, mutate_begin.payload_sha256) b;
 END $$;
+
+-- An operator ends the current lease (the owner's tool for a stuck holder):
+-- the generation rises, the holder is cleared and `lease.revoked` records the
+-- holder that was fenced and the new generation. The old holder's renew,
+-- release and fenced writes fail at once (not current), and any downstream
+-- system comparing fencing tokens sees a higher generation. The schema
+-- owner's job: no client or reader role is granted it. Returns revoked =
+-- false (and changes nothing) when no one holds the lease.
+CREATE OR REPLACE FUNCTION @schema@.revoke_lease(
+    p_resource text, OUT revoked boolean, OUT generation bigint, OUT revision bigint,
+    OUT holder_type text, OUT holder_id text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    l @schema@.leases%ROWTYPE;
+    v_now timestamptz;
+BEGIN
+    PERFORM @schema@._check_resource_id(p_resource);
+    l := @schema@._lock_lease(p_resource);
+    v_now := clock_timestamp();
+    holder_type := l.owner_type;
+    holder_id := l.owner_id;
+    IF l.owner_id IS NULL THEN
+        revoked := false;
+        generation := l.generation;
+        SELECT r.revision INTO revision FROM @schema@.resources r WHERE r.id = p_resource;
+        RETURN;
+    END IF;
+    revoked := true;
+    generation := l.generation + 1;
+    UPDATE @schema@.leases SET generation = revoke_lease.generation, owner_type = NULL,
+        owner_id = NULL, token_sha256 = NULL, expires_at = NULL, heartbeat_at = v_now,
+        expired_generation = revoke_lease.generation
+        WHERE resource_id = p_resource;
+    SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.revoked',
+        l.owner_type, l.owner_id, revoke_lease.generation, NULL, NULL) b;
+END $$;
