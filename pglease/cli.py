@@ -105,8 +105,8 @@ def _current_claim(store: PostgresStore, args: argparse.Namespace) -> Claim:
 def cmd_migrate(args: argparse.Namespace) -> int:
     # migrate is the explicit form of auto-migration: --no-migrate does not apply.
     note_embedded(args)
-    from .migrations import migrate
-    from .roles import RoleKind, grant, revoke
+    from .migrations import grant, migrate, revoke
+    from .roles import RoleKind
 
     # A direct connection: a store refuses to open a schema with pending work.
     with connect_direct(args) as conn:

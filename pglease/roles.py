@@ -11,7 +11,9 @@
   sessions, and watches; it can change nothing.
 
 Grants are recorded in the schema's `role_grants` table, so a later migration
-that adds a function grants it to the same roles again.
+that adds a function grants it to the same roles again. The statements are
+built here; `grant` / `revoke` (and `grant_async` / `revoke_async`) in
+`pglease.migrations` run them.
 """
 
 from __future__ import annotations
@@ -153,41 +155,6 @@ def _privilege_error(schema: str, exc: psycopg.Error) -> InvalidRoleError:
     )
 
 
-def grant(conn: psycopg.Connection[Any], schema: str, role: str, kind: RoleKind) -> list[str]:
-    """Make `role` a pglease `kind` on `schema` (revoking any earlier pglease grant).
-
-    Run as the schema's owner, after `migrate`. Returns the statements run.
-    """
-    check_role_kind(kind)
-    try:
-        with conn.transaction():
-            _check_role(conn.execute(_ROLE_EXISTS, [role]).fetchone(), role)
-            columns = [r[0] for r in conn.execute(_LEASE_COLUMNS, [_leases(schema)]).fetchall()]
-            statements = [
-                *revoke_statements(schema, role),
-                *grant_statements(schema, role, kind, columns),
-                _record(schema, role, kind),
-            ]
-            for statement in statements:
-                conn.execute(statement)
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise _privilege_error(schema, exc) from None
-    return [s.as_string(conn) for s in statements]
-
-
-def revoke(conn: psycopg.Connection[Any], schema: str, role: str) -> list[str]:
-    """Take every pglease privilege on `schema` away from `role`."""
-    statements = revoke_statements(schema, role)
-    try:
-        with conn.transaction():
-            _check_role(conn.execute(_ROLE_EXISTS, [role]).fetchone(), role)
-            for statement in statements:
-                conn.execute(statement)
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise _privilege_error(schema, exc) from None
-    return [s.as_string(conn) for s in statements]
-
-
 _RECORDED = (
     "SELECT g.role_name, g.kind FROM {}.role_grants g"
     " JOIN pg_catalog.pg_roles r ON r.rolname = g.role_name ORDER BY g.role_name"
@@ -201,25 +168,3 @@ def _regrant(
     for role, kind in recorded:
         out.extend(grant_statements(schema, str(role), check_role_kind(kind), columns))
     return out
-
-
-def regrant_statements(conn: psycopg.Connection[Any], schema: str) -> list[sql.Composed]:
-    """The grants of every recorded role, again (after functions were re-created)."""
-    recorded = conn.execute(sql.SQL(_RECORDED).format(sql.Identifier(schema))).fetchall()
-    if not recorded:
-        return []
-    columns = [r[0] for r in conn.execute(_LEASE_COLUMNS, [_leases(schema)]).fetchall()]
-    return _regrant(schema, [tuple(r) for r in recorded], columns)
-
-
-async def regrant_statements_async(
-    conn: psycopg.AsyncConnection[Any], schema: str
-) -> list[sql.Composed]:
-    """Asyncio twin of `regrant_statements`."""
-    cur = await conn.execute(sql.SQL(_RECORDED).format(sql.Identifier(schema)))
-    recorded = await cur.fetchall()
-    if not recorded:
-        return []
-    cur = await conn.execute(_LEASE_COLUMNS, [_leases(schema)])
-    columns = [r[0] for r in await cur.fetchall()]
-    return _regrant(schema, [tuple(r) for r in recorded], columns)

@@ -27,8 +27,8 @@ from pglease import (
     PostgresStore,
 )
 from pglease.errors import InvalidOwnerError, InvalidResourceIdError, InvalidTokenError
+from pglease.migrations import grant, revoke
 from pglease.postgres import _core
-from pglease.roles import grant, revoke
 from pglease.testing import is_test_clock_on, set_test_clock
 
 A = Owner("host", "a")

@@ -1,0 +1,156 @@
+"""Generate the blocking twin of each asyncio module: the async code is the source.
+
+Each pair in `PAIRS` maps a hand-written asyncio module to the sync module
+generated from it. The rewrite works on tokens, so comments, docstrings and
+layout survive, then `ruff format` settles the layout:
+
+- ``async def`` / ``async with`` / ``async for`` lose ``async``; ``await`` goes;
+- names are renamed: `RENAMES` first, then ``AsyncName`` -> ``Name`` and
+  ``name_async`` -> ``name`` (so ``AsyncConnection``, ``migrate_async`` and the
+  compat module ``_compat_async`` map to their sync counterparts);
+- a line ending in ``# sync: CODE`` becomes ``CODE`` (same indentation), and a
+  line ending in ``# sync: -`` is dropped: for the few places where the two
+  flavours differ by more than names.
+
+Strings are never touched. Run ``python tools/async_to_sync.py`` to write the
+twins, ``--check`` to fail (exit 1) when a generated file is out of date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import io
+import re
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: (asyncio source, generated sync twin), relative to the repository root.
+PAIRS: tuple[tuple[str, str], ...] = (("pglease/_migrate_async.py", "pglease/_migrate.py"),)
+
+RENAMES = {
+    "AbstractAsyncContextManager": "AbstractContextManager",
+    "asynccontextmanager": "contextmanager",
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "__aiter__": "__iter__",
+    "__anext__": "__next__",
+    "StopAsyncIteration": "StopIteration",
+    "aclose": "close",
+}
+_ASYNC_PREFIX = re.compile(r"Async([A-Z]\w*)")
+_SYNC_LINE = re.compile(r"#\s*sync:\s*(.*?)\s*$")
+KEYWORDS = ("def", "with", "for")
+HEADER = "# Generated from {source} by tools/async_to_sync.py: do not edit.\n"
+
+
+def rename(name: str) -> str:
+    if name in RENAMES:
+        return RENAMES[name]
+    if match := _ASYNC_PREFIX.fullmatch(name):
+        return match[1]
+    if name.endswith("_async") and len(name) > len("_async"):
+        return name[: -len("_async")]
+    return name
+
+
+def _apply_line_markers(text: str) -> str:
+    out: list[str] = []
+    for line in text.splitlines(keepends=True):
+        match = _SYNC_LINE.search(line)
+        if match is None:
+            out.append(line)
+            continue
+        replacement = match[1]
+        if replacement == "-":
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        out.append(f"{indent}{replacement}\n")
+    return "".join(out)
+
+
+def convert(source: str) -> str:
+    """The sync twin of asyncio module text `source` (before formatting)."""
+    text = _apply_line_markers(source)
+    lines = text.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+
+    def at(position: tuple[int, int]) -> int:
+        return offsets[position[0] - 1] + position[1]
+
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    edits: list[tuple[int, int, str]] = []  # (start, end, replacement), in text order
+    for index, tok in enumerate(tokens):
+        if tok.type != tokenize.NAME:
+            continue
+        following = tokens[index + 1] if index + 1 < len(tokens) else None
+        # Only the keywords: `await` before an expression, `async` before def/with/for.
+        if tok.string == "await" or (
+            tok.string == "async" and following is not None and following.string in KEYWORDS
+        ):
+            end = at(following.start) if following is not None else at(tok.end)
+            edits.append((at(tok.start), end, ""))
+        elif (renamed := rename(tok.string)) != tok.string:
+            edits.append((at(tok.start), at(tok.end), renamed))
+    for start, end, replacement in reversed(edits):
+        text = text[:start] + replacement + text[end:]
+    return text
+
+
+def _ruff(args: list[str], text: str, target: Path) -> str:
+    ruff = Path(sys.executable).with_name("ruff")
+    command = [str(ruff) if ruff.exists() else "ruff", *args, "--stdin-filename", str(target), "-"]
+    done = subprocess.run(
+        command, input=text, capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"ruff {args[0]} failed on the twin of {target}:\n{done.stderr}")
+    return done.stdout
+
+
+def _format(text: str, target: Path) -> str:
+    # Renames can unsort an import block: sort imports first, then format.
+    text = _ruff(["check", "--fix", "--select", "I", "--quiet", "--exit-zero"], text, target)
+    return _ruff(["format", "--quiet"], text, target)
+
+
+def generate(source: Path, target: Path) -> str:
+    body = convert(source.read_text(encoding="utf-8"))
+    return _format(HEADER.format(source=source.relative_to(ROOT)) + body, target)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail when a twin is out of date")
+    args = parser.parse_args()
+    stale = 0
+    for source_name, target_name in PAIRS:
+        source, target = ROOT / source_name, ROOT / target_name
+        text = generate(source, target)
+        current = target.read_text(encoding="utf-8") if target.exists() else ""
+        if text == current:
+            continue
+        if args.check:
+            stale += 1
+            diff = difflib.unified_diff(
+                current.splitlines(keepends=True), text.splitlines(keepends=True),
+                f"{target_name} (committed)", f"{target_name} (generated)",
+            )  # fmt: skip
+            sys.stdout.writelines(diff)
+        else:
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote {target_name}")
+    if stale:
+        print(f"{stale} generated file(s) out of date: run python tools/async_to_sync.py")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
