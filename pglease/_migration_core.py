@@ -13,8 +13,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .errors import MigrationChecksumError, MigrationError
-from .migration_files import FunctionSet, Migration, load_functions, load_migrations
+from .errors import MigrationError
+from .migration_files import (
+    FunctionSet,
+    Migration,
+    load_functions,
+    load_migrations,
+    pending_migrations,
+)
 
 
 def _lock_key(schema: str) -> int:
@@ -69,27 +75,6 @@ def _functions_query(schema: str) -> sql.Composed:
     return sql.SQL("SELECT checksum FROM {}.schema_functions").format(sql.Identifier(schema))
 
 
-def _check_applied(
-    schema: str, available: list[Migration], applied: dict[int, tuple[str, str]]
-) -> list[Migration]:
-    """Return the migrations still to apply; refuse changed or unknown applied ones."""
-    known = {m.version: m for m in available}
-    for version, (name, checksum) in sorted(applied.items()):
-        migration = known.get(version)
-        if migration is None:
-            raise MigrationError(
-                f"schema {schema!r} has migration {version:04d}_{name} which this pglease"
-                " version does not know; upgrade pglease"
-            )
-        if migration.checksum != checksum:
-            raise MigrationChecksumError(
-                f"migration {version:04d}_{name} was applied to schema {schema!r} with checksum"
-                f" {checksum[:12]}..., but the file now has {migration.checksum[:12]}...;"
-                " applied migrations must never change (add a new one instead)"
-            )
-    return [m for m in available if m.version not in applied]
-
-
 def _state(
     schema: str,
     exists: tuple[Any, ...],
@@ -98,7 +83,7 @@ def _state(
 ) -> MigrationState:
     schema_exists, has_migrations, _ = exists
     applied = {int(r[0]): (str(r[1]), str(r[2])) for r in applied_rows}
-    pending = _check_applied(schema, load_migrations(), applied)
+    pending = pending_migrations(f"schema {schema!r}", load_migrations(), applied)
     functions = load_functions()
     current = has_migrations and functions_checksum == functions.checksum
     return MigrationState(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import MigrationError
+from .errors import MigrationChecksumError, MigrationError
 from .validation import check_schema_name
 
 _FILE_NAME = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
@@ -99,3 +99,25 @@ def load_functions(directory: Path | None = None) -> FunctionSet:
     if not files:
         raise MigrationError(f"no function files found in {directory}")
     return FunctionSet(tuple(files))
+
+
+def pending_migrations(
+    where: str, available: list[Migration], applied: dict[int, tuple[str, str]]
+) -> list[Migration]:
+    """The migrations still to apply to `where` (a schema or a file, for messages);
+    refuse applied ones that this version does not know or whose file changed."""
+    known = {m.version: m for m in available}
+    for version, (name, checksum) in sorted(applied.items()):
+        migration = known.get(version)
+        if migration is None:
+            raise MigrationError(
+                f"{where} has migration {version:04d}_{name} which this pglease version"
+                " does not know; upgrade pglease"
+            )
+        if migration.checksum != checksum:
+            raise MigrationChecksumError(
+                f"migration {version:04d}_{name} was applied to {where} with checksum"
+                f" {checksum[:12]}..., but the file now has {migration.checksum[:12]}...;"
+                " applied migrations must never change (add a new one instead)"
+            )
+    return [m for m in available if m.version not in applied]

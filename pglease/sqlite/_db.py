@@ -13,12 +13,11 @@ from pathlib import Path
 
 from ..errors import (
     DatabaseUnavailableError,
-    MigrationChecksumError,
     MigrationError,
     PgleaseError,
     ValidationError,
 )
-from ..migration_files import Migration, load_migrations
+from ..migration_files import Migration, load_migrations, pending_migrations
 from ..validation import check_positive_seconds
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -114,27 +113,6 @@ _MIGRATIONS_TABLE = (
     " version INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,"
     " applied_at INTEGER NOT NULL) STRICT"
 )
-
-
-def plan(
-    path: str, available: list[Migration], applied: dict[int, tuple[str, str]]
-) -> list[Migration]:
-    """The migrations still to apply; refuse unknown or changed applied ones."""
-    known = {m.version: m for m in available}
-    for version, (name, checksum) in sorted(applied.items()):
-        migration = known.get(version)
-        if migration is None:
-            raise MigrationError(
-                f"{path} has migration {version:04d}_{name} which this pglease version"
-                " does not know; upgrade pglease"
-            )
-        if migration.checksum != checksum:
-            raise MigrationChecksumError(
-                f"migration {version:04d}_{name} was applied to {path} with checksum"
-                f" {checksum[:12]}..., but the file now has {migration.checksum[:12]}...;"
-                " applied migrations must never change (add a new one instead)"
-            )
-    return [m for m in available if m.version not in applied]
 
 
 # --- connections -------------------------------------------------------------
@@ -258,7 +236,7 @@ class Database:
         with self.write() as conn:
             conn.execute(_MIGRATIONS_TABLE)
             rows = conn.execute("SELECT version, name, checksum FROM schema_migrations")
-            pending = plan(self.path, available, {r[0]: (r[1], r[2]) for r in rows})
+            pending = pending_migrations(self.path, available, {r[0]: (r[1], r[2]) for r in rows})
             for migration in pending:
                 for statement in split_statements(migration.text):
                     conn.execute(statement)
