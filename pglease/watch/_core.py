@@ -433,8 +433,13 @@ class Trouble:
         self.failing_since_wall: float | None = None
         self.attempts = 0
 
-    def record(self, exc: BaseException) -> WatchFailedError | None:
-        """Note `exc`; return the error for the consumers when it is time to give up."""
+    def record(
+        self, exc: BaseException, permanent: bool | None = None, hint: str = ""
+    ) -> WatchFailedError | None:
+        """Note `exc`; return the error for the consumers when it is time to give up.
+
+        `permanent` overrides the SQLSTATE rule (`cannot_heal`) for non-PostgreSQL errors.
+        """
         now = self.clock.monotonic()
         self.last_error = describe_error(exc)
         self.last_error_wall = self.clock.time()
@@ -442,10 +447,10 @@ class Trouble:
             self.failing_since = now
             self.failing_since_wall = self.last_error_wall
         self.attempts += 1
-        if cannot_heal(exc):
+        if cannot_heal(exc) if permanent is None else permanent:
             error = WatchFailedError(
                 f"{self.what} failed with an error retrying cannot fix: {self.last_error}"
-                f"{_hint(exc)}"
+                f"{hint or _hint(exc)}"
             )
         elif now - self.failing_since >= self.window:
             error = WatchFailedError(
