@@ -236,3 +236,17 @@ class InvalidDsnError(ValidationError):
 
 
 __all__ += ["InvalidDsnError"]
+
+
+# --- watcher health --------------------------------------------------------------------
+
+
+class WatchFailedError(WatchError):
+    """A watcher's reads keep failing: an error that cannot heal (privileges, a
+    missing schema or table, a pooler that refuses LISTEN) or one that
+    persisted past the retry window. ``__cause__`` is the last error; the
+    message names it. Events are not lost: resume from `watcher.cursor` once
+    the problem is fixed."""
+
+
+__all__ += ["WatchFailedError"]

@@ -118,6 +118,20 @@ Expiry events
     out (renew and leased writes are refused then anyway); a late `release`
     without ``expected_revision`` still works.
 
+Errors and health
+    The hub logs (logger ``pglease.watch``) and retries a failed connect or
+    read with backoff, from its tip, so a retry loses or repeats nothing. It
+    gives up when the error cannot heal (SQLSTATE class 42, e.g. 42501
+    insufficient_privilege or 42P01 undefined_table; class 28; 3F000
+    invalid_schema_name; 0A000, a pooler refusing LISTEN) or has persisted
+    for ``retry_window`` seconds (30 by default): every watcher then raises
+    `WatchFailedError` from get/get_batch/iteration, its ``__cause__`` the
+    last database error, and the stopped hub is replaced by the next watcher.
+    A watcher's own catch-up reads follow the same rule. ``watcher.health``
+    (a `WatchHealth`) shows the last error, since when reads fail, the
+    reconnects and the lag. Elapsed-time decisions (the rate estimate, the
+    retry window) read an injectable `pglease.clock.Clock`; waits stay real.
+
 Retention
     `prune` deletes events older than a duration, as a prefix of the read
     order, and records the last deleted position. A watcher whose cursor lies
@@ -125,17 +139,23 @@ Retention
     retained event and never expires).
 """
 
-from ..errors import CursorExpiredError, WatchClosedError, WatchError
+from ..errors import CursorExpiredError, WatchClosedError, WatchError, WatchFailedError
+from ._core import DEFAULT_RETRY_WINDOW, WatchHealth
+from .hub import HubTuning
 from .prune import parse_duration, prune, prune_async
 from .reaper import Reaper, reap_once, reap_once_async, run_reaper_async
 from .watcher import AsyncWatcher, Watcher, watch, watch_async
 
 __all__ = [
+    "DEFAULT_RETRY_WINDOW",
     "AsyncWatcher",
     "CursorExpiredError",
+    "HubTuning",
     "Reaper",
     "WatchClosedError",
     "WatchError",
+    "WatchFailedError",
+    "WatchHealth",
     "Watcher",
     "parse_duration",
     "prune",

@@ -4,6 +4,13 @@ per (dsn, schema, mode), shared by every watcher of the process, sync or asyncio
 The hub keeps a tip position and reads the log after it whenever it is woken
 (a NOTIFY, a re-poll, the fallback timer), then hands each batch to every
 subscriber. See the package docstring for why no event can be stranded.
+
+Errors: a lost connection or a failed read is logged and retried with backoff
+from the tip; an error that cannot heal (privileges, a missing schema), or
+any error that persists for `retry_window` seconds, is sent to every
+subscriber as a `WatchFailedError` and the hub stops (a new watcher starts a
+new hub). Everything that decides by elapsed time reads the hub's `Clock`;
+its waits are real, so a test can drive the decisions with a `FakeClock`.
 """
 
 from __future__ import annotations
@@ -13,17 +20,20 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import pq, sql
 from psycopg.abc import Transformer as AdaptContextTransformer
 from psycopg.adapt import Transformer
+from psycopg.errors import error_from_result
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import Position
-from ..errors import CursorExpiredError
-from ..postgres._fastpath import check_result
+from ..errors import CursorExpiredError, WatchFailedError
 from ._core import (
+    DEFAULT_RETRY_WINDOW,
     END,
     PAGE,
     Batch,
@@ -32,8 +42,11 @@ from ._core import (
     Mode,
     Page,
     Start,
+    Trouble,
     WatchQueries,
     channel_name,
+    describe_error,
+    log,
     parse_page,
     read_args,
 )
@@ -52,7 +65,6 @@ def _one() -> int:
 #: doubled while nothing changes, up to MAX_REPOLL, reset on progress.
 MIN_REPOLL = 0.001
 MAX_REPOLL = 0.05
-RECONNECT_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 #: Under load the hub spaces its reads instead of reading once per NOTIFY:
 #: each read costs the server about as much as a write, and each batch costs
 #: every consumer a wake-up (a thread switch or an asyncio task step, several
@@ -74,17 +86,58 @@ FULL_RATE = 3000.0
 UNLISTEN_RATE = FULL_RATE
 #: Weight of the newest read in the event-rate estimate.
 RATE_SMOOTHING = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class HubTuning:
+    """The hub's load thresholds (the module constants above are the defaults).
+
+    Tests use tiny rates to reach the "under load" branch with a handful of
+    events; production code has no reason to change them.
+    """
+
+    light_rate: float = LIGHT_RATE
+    full_rate: float = FULL_RATE
+    unlisten_rate: float = UNLISTEN_RATE
+    read_spacing: float = READ_SPACING
+    spacing_per_consumer: float = SPACING_PER_CONSUMER
+    max_read_spacing: float = MAX_READ_SPACING
+    rate_smoothing: float = RATE_SMOOTHING
+
+
+DEFAULT_TUNING = HubTuning()
 #: The name of the hub's prepared read on its own connection.
 READ_STATEMENT = b"pglease_watch_read"
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 
 
+def check_result(conn: psycopg.Connection[Any], result: pq.abc.PGresult, expected: int) -> None:
+    """Raise the psycopg error of a failed libpq call, untranslated: the hub
+    judges by its SQLSTATE (see `_core.cannot_heal`) and keeps it as the cause."""
+    if result.status == expected:
+        return
+    if conn.pgconn.status == pq.ConnStatus.BAD:
+        raise psycopg.OperationalError(
+            (conn.pgconn.error_message or b"connection lost").decode(errors="replace").strip()
+        )
+    raise error_from_result(result, encoding=conn.info.encoding)
+
+
 class Hub:
     """Reads the log once for all subscribers of this process."""
 
     def __init__(
-        self, dsn: str, schema: str, mode: Mode, interval: float, key: tuple[Any, ...]
+        self,
+        dsn: str,
+        schema: str,
+        mode: Mode,
+        interval: float,
+        key: tuple[Any, ...],
+        *,
+        tuning: HubTuning = DEFAULT_TUNING,
+        clock: Clock = SYSTEM_CLOCK,
+        retry_window: float = DEFAULT_RETRY_WINDOW,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
@@ -92,6 +145,8 @@ class Hub:
         #: listen mode: fallback poll when no NOTIFY arrives; poll mode: poll period.
         self.interval = interval
         self.key = key
+        self.tuning = tuning
+        self.clock = clock
         self._q = WatchQueries(schema)
         self._channel = sql.Identifier(channel_name(schema))
         #: A NOTIFY reached us during a read: the next wait must not block.
@@ -108,10 +163,25 @@ class Hub:
             target=self._run, name=f"pglease-watch-{schema}", daemon=True
         )
         self._started = False
+        self.trouble = Trouble(clock, retry_window, f"pglease watch stream of schema {schema!r}")
+        #: The error every subscriber got when the hub gave up (it has stopped).
+        self.failure: WatchFailedError | None = None
+        #: Clock readings (monotonic, wall) of the last successful read.
+        self.last_read: float | None = None
+        self.last_read_wall: float | None = None
         #: Counters for tests and benchmarks.
         self.reads = 0
         self.connects = 0
         self.unlistens = 0
+        #: The latest smoothed event rate (events/s on the hub's clock).
+        self.rate = 0.0
+        #: Listen mode: LISTENing now (False while polling under load).
+        self.listening = False
+
+    @property
+    def reconnects(self) -> int:
+        """Connections opened after the first one (each after losing one)."""
+        return max(0, self.connects - 1)
 
     # ---------------------------------------------------------------- subscribers
 
@@ -125,7 +195,10 @@ class Hub:
             self._next_id += 1
             self._subscribers[sub_id] = deliver
             self._consumers[sub_id] = consumers
-            if self._tip is not None:
+            if self.failure is not None:
+                # Joined in the instant the hub gave up: tell this one too.
+                deliver(Failure(self.failure))
+            elif self._tip is not None:
                 deliver(Start(self._tip))
             if not self._started:
                 self._started = True
@@ -149,25 +222,40 @@ class Hub:
     # ---------------------------------------------------------------- the loop
 
     def _run(self) -> None:
-        attempt = 0
-        while not self._stop.is_set():
-            try:
-                self._session()
-                return
-            except psycopg.Error:
-                # Lost the server (restart, failover, network): reconnect and
-                # catch up from the tip, which survives reconnects.
-                self._close_conn()
-                delay = RECONNECT_DELAYS[min(attempt, len(RECONNECT_DELAYS) - 1)]
-                attempt += 1
-                self._stop.wait(delay)
-            except BaseException as exc:  # pragma: no cover - a bug; tell the watchers
-                self._stop.set()  # so that no new watcher joins a dead hub
-                self._broadcast(Failure(exc))
-                return
-            finally:
-                if self._stop.is_set():
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._session()
+                    return
+                except psycopg.Error as exc:
+                    # Lost the server (restart, failover, network) or a read
+                    # failed: reconnect and catch up from the tip, which
+                    # survives reconnects; unless retrying cannot help or has
+                    # not helped for the whole retry window.
                     self._close_conn()
+                    error = self.trouble.record(exc)
+                    if error is not None:
+                        self._fail(error)
+                        return
+                    self._stop.wait(self.trouble.delay())
+                except BaseException as exc:  # a bug: tell the watchers, never hang them
+                    log.exception("pglease watch stream of schema %r stopped", self.schema)
+                    error = WatchFailedError(
+                        f"the watch stream stopped on an unexpected error: {describe_error(exc)}"
+                    )
+                    error.__cause__ = exc
+                    self._fail(error)
+                    return
+        finally:
+            self._close_conn()
+
+    def _fail(self, error: WatchFailedError) -> None:
+        """Give up: every subscriber gets `error`; no new watcher joins this hub."""
+        with self._lock:
+            self.failure = error
+            self._stop.set()
+            for deliver in self._subscribers.values():
+                deliver(Failure(error))
 
     def _close_conn(self) -> None:
         conn, self._conn = self._conn, None
@@ -193,7 +281,7 @@ class Hub:
 
     def _session(self) -> None:
         conn = self._open()
-        listening = self.mode == "listen"
+        listening = self.listening = self.mode == "listen"
         if self._tip is None:
             row = conn.execute(self._q.frontier).fetchone()
             assert row is not None
@@ -207,32 +295,41 @@ class Hub:
         # apart do not read as a burst).
         per_read = 0.0
         between = 1.0
-        last = time.monotonic()
+        tuning, clock = self.tuning, self.clock
+        smoothing = tuning.rate_smoothing
+        last = clock.monotonic()
         while not self._stop.is_set():
-            started = time.monotonic()
+            # The rate is measured on the hub's clock; the spacing wait is
+            # real time (a fake clock decides, it does not block).
+            started = clock.monotonic()
+            real_started = time.monotonic()
             progressed, held_back, count = self._read_all(conn)
-            per_read += RATE_SMOOTHING * (count - per_read)
-            between += RATE_SMOOTHING * (started - last - between)
+            per_read += smoothing * (count - per_read)
+            between += smoothing * (started - last - between)
             last = started
             rate = per_read / max(between, 1e-6)
-            if rate > LIGHT_RATE:
+            self.rate = rate
+            if rate > tuning.light_rate:
                 with self._lock:
                     consumers = sum(of() for of in self._consumers.values())
-                spacing = min(MAX_READ_SPACING, max(READ_SPACING, consumers * SPACING_PER_CONSUMER))
-                spacing *= min(1.0, rate / FULL_RATE)
-                self._stop.wait(max(0.0, started + spacing - time.monotonic()))
+                spacing = min(
+                    tuning.max_read_spacing,
+                    max(tuning.read_spacing, consumers * tuning.spacing_per_consumer),
+                )
+                spacing *= min(1.0, rate / tuning.full_rate)
+                self._stop.wait(max(0.0, real_started + spacing - time.monotonic()))
             if self.mode == "listen":
                 # Under sustained load the spaced reads find every event anyway,
                 # while each NOTIFY still interrupts our server process; stop
                 # listening until the load drops, then LISTEN and read again
                 # (the same order as at connect, so nothing can slip by).
-                if listening and rate > UNLISTEN_RATE:
+                if listening and rate > tuning.unlisten_rate:
                     conn.execute(sql.SQL("UNLISTEN {}").format(self._channel))
-                    listening = False
+                    listening = self.listening = False
                     self.unlistens += 1
-                elif not listening and rate < LIGHT_RATE:
+                elif not listening and rate < tuning.light_rate:
                     conn.execute(sql.SQL("LISTEN {}").format(self._channel))
-                    listening = True
+                    listening = self.listening = True
                     continue
             if held_back:
                 repoll = MIN_REPOLL if progressed else min(repoll * 2, MAX_REPOLL)
@@ -310,6 +407,11 @@ class Hub:
         result = pgconn.exec_prepared(READ_STATEMENT, args)
         check_result(conn, result, _TUPLES_OK)
         self.reads += 1
+        clock = self.clock
+        self.last_read = clock.monotonic()
+        self.last_read_wall = clock.time()
+        if self.trouble.failing_since is not None:
+            self.trouble.healed()
         # libpq keeps a NOTIFY that arrived with the result in its own buffer,
         # where psycopg's `notifies()` (which waits on the socket first) would
         # not see it until more data came: take it out now, or its writer's
@@ -331,6 +433,18 @@ _hubs: dict[tuple[Any, ...], Hub] = {}
 _hubs_lock = threading.Lock()
 
 
+@dataclass(frozen=True, slots=True)
+class HubOptions:
+    """What besides (dsn, schema, mode, interval) makes watchers share a hub."""
+
+    retry_window: float = DEFAULT_RETRY_WINDOW
+    clock: Clock = SYSTEM_CLOCK
+    tuning: HubTuning = DEFAULT_TUNING
+
+
+DEFAULT_OPTIONS = HubOptions()
+
+
 def acquire(
     dsn: str,
     schema: str,
@@ -338,14 +452,19 @@ def acquire(
     interval: float,
     deliver: Deliver,
     consumers: Consumers = _one,
+    options: HubOptions = DEFAULT_OPTIONS,
 ) -> tuple[Hub, int]:
-    """Subscribe to this process's hub for (dsn, schema, mode, interval), starting it if needed."""
+    """Subscribe to this process's hub for (dsn, schema, mode, interval, options),
+    starting it if needed."""
     # The pid: a forked child must not join its parent's hub (no thread there).
-    key = (os.getpid(), dsn, schema, mode, interval)
+    key = (os.getpid(), dsn, schema, mode, interval, options)
     with _hubs_lock:
         hub = _hubs.get(key)
         if hub is None or hub._stop.is_set():
-            hub = Hub(dsn, schema, mode, interval, key)
+            hub = Hub(
+                dsn, schema, mode, interval, key,
+                tuning=options.tuning, clock=options.clock, retry_window=options.retry_window,
+            )  # fmt: skip
             _hubs[key] = hub
         return hub, hub.subscribe(deliver, consumers)
 

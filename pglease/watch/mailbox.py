@@ -129,6 +129,11 @@ class SyncMailbox:
         #: How often this mailbox overflowed (for tests and operators).
         self.overflows = 0
 
+    @property
+    def queued_events(self) -> int:
+        """Events queued and not taken yet (approximate while the hub delivers)."""
+        return max(0, self._put_events - self._taken_events)
+
     def deliver(self, message: Message) -> None:
         """Hub thread: queue `message`, or drop it when over the bound."""
         if type(message) is Batch:
@@ -212,6 +217,11 @@ class AsyncMailbox:
         self._dropped_tip: Position | None = None
         self._waiter: asyncio.Future[None] | None = None
         self.overflows = 0
+
+    @property
+    def queued_events(self) -> int:
+        """Events queued and not taken yet."""
+        return self._queued
 
     def deliver(self, message: Message) -> None:
         if type(message) is Batch:

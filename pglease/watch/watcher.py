@@ -1,5 +1,10 @@
 """`Watcher` (blocking iterator) and `AsyncWatcher` (async iterator): the same
-state machine (`_core.WatchState`) driven over a sync or an asyncio connection."""
+state machine (`_core.WatchState`) driven over a sync or an asyncio connection.
+
+Errors of the watcher's own catch-up reads follow the hub's rule: retried
+with backoff (and logged) while they may heal, raised as `WatchFailedError`
+when they cannot or when they persisted for `retry_window` seconds.
+"""
 
 from __future__ import annotations
 
@@ -14,22 +19,29 @@ from typing import Any, ClassVar, Protocol
 import psycopg
 from psycopg_pool import PoolClosed
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import START, Position, decode_cursor
 from ..errors import ValidationError, WatchClosedError
 from ..types import Event
 from ..validation import describe
 from . import hub as _hub
 from ._core import (
+    DEFAULT_RETRY_WINDOW,
     PAGE,
     Batch,
+    Failure,
     Filters,
     Message,
     Mode,
     Start,
+    Trouble,
+    WatchHealth,
     WatchQueries,
     WatchState,
     check_interval,
     check_mode,
+    check_retry_window,
+    make_health,
     parse_frontier,
     parse_page,
     read_args,
@@ -47,7 +59,6 @@ from .mailbox import (
 DEFAULT_FALLBACK_INTERVAL = 1.0
 #: Poll period in poll mode.
 DEFAULT_POLL_INTERVAL = 0.05
-_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 _SLICE = 0.25
 
 
@@ -87,8 +98,16 @@ class _Base:
         mode: str,
         interval: float | None,
         max_pending: int,
+        retry_window: float,
+        clock: Clock | None,
+        tuning: _hub.HubTuning | None,
     ) -> None:
         self.mode: Mode = check_mode(mode)
+        self.retry_window = check_retry_window(retry_window)
+        self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
+        self._options = _hub.HubOptions(
+            self.retry_window, self._clock, _hub.DEFAULT_TUNING if tuning is None else tuning
+        )
         self.max_pending = check_max_pending(max_pending)
         default = DEFAULT_FALLBACK_INTERVAL if self.mode == "listen" else DEFAULT_POLL_INTERVAL
         self.interval = check_interval(default if interval is None else interval, "interval")
@@ -99,8 +118,33 @@ class _Base:
         self._schema = store.schema
         self._state: WatchState | None = None
         self._hub: _hub.Hub | None = None
+        #: The hub last joined, kept after close for `health`.
+        self._seen_hub: _hub.Hub | None = None
         self._sub = 0
         self._closed = False
+        self._trouble = Trouble(self._clock, self.retry_window, "pglease watcher catch-up read")
+
+    def _health(self, lag_events: int) -> WatchHealth:
+        hub = self._seen_hub
+        state = self._state
+        troubles = [self._trouble] if hub is None else [self._trouble, hub.trouble]
+        return make_health(
+            troubles=troubles,
+            failed=state.failed if state is not None else None,
+            lag_events=lag_events + (len(state.pending) if state is not None else 0),
+            reconnects=hub.reconnects if hub is not None else 0,
+            last_read=hub.last_read if hub is not None else None,
+            last_read_wall=hub.last_read_wall if hub is not None else None,
+            clock=self._clock,
+        )
+
+    def _read_failed(self, state: WatchState, exc: psycopg.Error) -> float:
+        """A catch-up read failed: the delay before retrying, or raise when it is time."""
+        error = self._trouble.record(exc)
+        if error is not None:
+            state.failed = error
+            raise error
+        return self._trouble.delay()
 
     @property
     def cursor(self) -> str:
@@ -114,8 +158,9 @@ class _Base:
 
     def _subscribe(self, deliver: _hub.Deliver) -> None:
         self._hub, self._sub = _hub.acquire(
-            self._dsn, self._schema, self.mode, self.interval, deliver
+            self._dsn, self._schema, self.mode, self.interval, deliver, options=self._options
         )
+        self._seen_hub = self._hub
 
     def _unsubscribe(self) -> None:
         if self._hub is not None:
@@ -144,7 +189,13 @@ class Watcher(_Base):
     `interval` is then the poll period, in listen mode the fallback poll.
 
     Iterate it, or call `get(timeout)` / `get_batch(timeout)`. Raises
-    `CursorExpiredError` when the cursor is older than the prune horizon.
+    `CursorExpiredError` when the cursor is older than the prune horizon, and
+    `WatchFailedError` (its ``__cause__`` the database error) when reads fail
+    with an error that cannot heal (privileges revoked, schema dropped) or
+    keep failing for `retry_window` seconds (default 30); transient errors
+    meanwhile are retried and logged on the ``pglease.watch`` logger.
+    `health` tells the last error, reconnects and lag. `clock` and `tuning`
+    are for tests (a `pglease.clock.FakeClock`, `hub.HubTuning` thresholds).
 
     The process hub never waits for a consumer: once `max_pending` events are
     queued for this watcher, it stops queueing and the watcher, when it gets
@@ -163,8 +214,14 @@ class Watcher(_Base):
         mode: str = "listen",
         interval: float | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
+        retry_window: float = DEFAULT_RETRY_WINDOW,
+        clock: Clock | None = None,
+        tuning: _hub.HubTuning | None = None,
     ) -> None:
-        super().__init__(store, after, types, resources, event_types, mode, interval, max_pending)
+        super().__init__(
+            store, after, types, resources, event_types, mode, interval, max_pending,
+            retry_window, clock, tuning,
+        )  # fmt: skip
         self._store = store
         self._mailbox = SyncMailbox(self.max_pending)
         position = self._position
@@ -181,6 +238,11 @@ class Watcher(_Base):
         """How often this watcher fell `max_pending` events behind the stream
         and read the missed span from the log instead (nothing is lost)."""
         return self._mailbox.overflows
+
+    @property
+    def health(self) -> WatchHealth:
+        """The last error, since when reads fail, reconnects and lag (a snapshot)."""
+        return self._health(self._mailbox.queued_events)
 
     def __enter__(self) -> Watcher:
         return self
@@ -217,7 +279,6 @@ class Watcher(_Base):
         state = self._state
         assert state is not None
         deadline = None if timeout is None else time.monotonic() + timeout
-        attempt = 0
         while True:
             if self._closed:
                 raise WatchClosedError("the watcher is closed")
@@ -235,12 +296,13 @@ class Watcher(_Base):
                         rows = conn.execute(self._queries.read, self._page_args(state)).fetchall()
                 except PoolClosed:
                     raise WatchClosedError("the store was closed") from None
-                except psycopg.OperationalError:
-                    # The server is away (restart): retry; the position is unchanged.
-                    time.sleep(_RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)])
-                    attempt += 1
+                except psycopg.Error as exc:
+                    # The server is away (restart), or worse: retry (the
+                    # position is unchanged) or raise, as `_read_failed` says.
+                    time.sleep(self._read_failed(state, exc))
                     continue
-                attempt = 0
+                if self._trouble.failing_since is not None:
+                    self._trouble.healed()
                 state.on_page(parse_page(rows, PAGE))
                 continue
             try:
@@ -285,8 +347,14 @@ class AsyncWatcher(_Base):
         mode: str = "listen",
         interval: float | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
+        retry_window: float = DEFAULT_RETRY_WINDOW,
+        clock: Clock | None = None,
+        tuning: _hub.HubTuning | None = None,
     ) -> None:
-        super().__init__(store, after, types, resources, event_types, mode, interval, max_pending)
+        super().__init__(
+            store, after, types, resources, event_types, mode, interval, max_pending,
+            retry_window, clock, tuning,
+        )  # fmt: skip
         self._store = store
         self._mailbox: AsyncMailbox | None = None
         self._fanout: _LoopFanout | None = None
@@ -297,6 +365,11 @@ class AsyncWatcher(_Base):
         """How often this watcher fell `max_pending` events behind the stream
         and read the missed span from the log instead (nothing is lost)."""
         return self._mailbox.overflows if self._mailbox is not None else 0
+
+    @property
+    def health(self) -> WatchHealth:
+        """The last error, since when reads fail, reconnects and lag (a snapshot)."""
+        return self._health(self._mailbox.queued_events if self._mailbox is not None else 0)
 
     async def start(self) -> AsyncWatcher:
         """Resolve ``"now"`` and join the hub (done by the first `get` otherwise)."""
@@ -313,10 +386,10 @@ class AsyncWatcher(_Base):
             position = parse_frontier(row)[0]
         self._state = WatchState(position, self._from_start, self._filters)
         mailbox = self._mailbox = AsyncMailbox(self.max_pending)
-        key = (self._dsn, self._schema, self.mode, self.interval)
+        key = (self._dsn, self._schema, self.mode, self.interval, self._options)
         self._fanout = _LoopFanout.get(asyncio.get_running_loop(), key)
         self._member = self._fanout.join(mailbox)
-        self._hub = self._fanout.hub
+        self._hub = self._seen_hub = self._fanout.hub
         return self
 
     async def __aenter__(self) -> AsyncWatcher:
@@ -360,7 +433,6 @@ class AsyncWatcher(_Base):
         assert state is not None and mailbox is not None
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        attempt = 0
         while True:
             if self._closed:
                 raise WatchClosedError("the watcher is closed")
@@ -379,11 +451,11 @@ class AsyncWatcher(_Base):
                         rows = await cur.fetchall()
                 except PoolClosed:
                     raise WatchClosedError("the store was closed") from None
-                except psycopg.OperationalError:
-                    await asyncio.sleep(_RETRY_DELAYS[min(attempt, len(_RETRY_DELAYS) - 1)])
-                    attempt += 1
+                except psycopg.Error as exc:
+                    await asyncio.sleep(self._read_failed(state, exc))
                     continue
-                attempt = 0
+                if self._trouble.failing_since is not None:
+                    self._trouble.healed()
                 state.on_page(parse_page(rows, PAGE))
                 continue
             try:
@@ -425,16 +497,18 @@ class _LoopFanout:
         self.key = key
         self.members: dict[int, AsyncMailbox] = {}
         self.tip: Position | None = None
+        self.failure: Failure | None = None
         self._next = 0
-        dsn, schema, mode, interval = key
+        dsn, schema, mode, interval, options = key
         self.hub, self.sub = _hub.acquire(
-            dsn, schema, mode, interval, self._deliver, self.members.__len__
+            dsn, schema, mode, interval, self._deliver, self.members.__len__, options
         )
 
     @classmethod
     def get(cls, loop: asyncio.AbstractEventLoop, key: tuple[Any, ...]) -> _LoopFanout:
         fanout = cls._all.get((id(loop), *key))
-        if fanout is None or fanout.loop is not loop:
+        # A fan-out whose hub gave up gets nothing more: new watchers need a new hub.
+        if fanout is None or fanout.loop is not loop or fanout.hub.failure is not None:
             fanout = cls._all[(id(loop), *key)] = cls(loop, key)
         return fanout
 
@@ -446,6 +520,8 @@ class _LoopFanout:
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, Start | Batch):
             self.tip = message.tip
+        elif isinstance(message, Failure):
+            self.failure = message
         for mailbox in self.members.values():
             mailbox.deliver(message)
 
@@ -453,7 +529,9 @@ class _LoopFanout:
         member = self._next
         self._next += 1
         self.members[member] = mailbox
-        if self.tip is not None:
+        if self.failure is not None:
+            mailbox.deliver(self.failure)
+        elif self.tip is not None:
             mailbox.deliver(Start(self.tip))
         return member
 
@@ -475,11 +553,15 @@ def watch(
     mode: str = "listen",
     interval: float | None = None,
     max_pending: int = DEFAULT_MAX_PENDING,
+    retry_window: float = DEFAULT_RETRY_WINDOW,
+    clock: Clock | None = None,
+    tuning: _hub.HubTuning | None = None,
 ) -> Watcher:
     """A `Watcher` on `store` (see there)."""
     return Watcher(
         store, after=after, types=types, resources=resources, event_types=event_types,
-        mode=mode, interval=interval, max_pending=max_pending,
+        mode=mode, interval=interval, max_pending=max_pending, retry_window=retry_window,
+        clock=clock, tuning=tuning,
     )  # fmt: skip
 
 
@@ -493,9 +575,13 @@ def watch_async(
     mode: str = "listen",
     interval: float | None = None,
     max_pending: int = DEFAULT_MAX_PENDING,
+    retry_window: float = DEFAULT_RETRY_WINDOW,
+    clock: Clock | None = None,
+    tuning: _hub.HubTuning | None = None,
 ) -> AsyncWatcher:
     """An `AsyncWatcher` on `store` (see there); iterate it with ``async for``."""
     return AsyncWatcher(
         store, after=after, types=types, resources=resources, event_types=event_types,
-        mode=mode, interval=interval, max_pending=max_pending,
+        mode=mode, interval=interval, max_pending=max_pending, retry_window=retry_window,
+        clock=clock, tuning=tuning,
     )  # fmt: skip
