@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,7 +18,7 @@ from psycopg import conninfo
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore, WatchFailedError
 from pglease.clock import FakeClock
-from pglease.roles import grant, revoke
+from pglease.migrations import grant, revoke
 from pglease.types import Event
 from pglease.watch import AsyncWatcher, Watcher, WatchHealth
 from pglease.watch.hub import Hub
@@ -315,3 +316,20 @@ def test_bad_retry_window_is_refused(pg_store: PostgresStore) -> None:
     for bad in (0, -1, True, "30", float("nan")):
         with pytest.raises(ValidationError):
             Watcher(pg_store, retry_window=bad)  # type: ignore[arg-type]
+
+
+def test_the_stores_pass_retry_window_clock_and_tuning_through(
+    pg_store: PostgresStore, tmp_path: Path
+) -> None:
+    from pglease import SqliteStore, ValidationError
+
+    with pytest.raises(ValidationError):
+        pg_store.watch(retry_window=-1)
+    clock = FakeClock()
+    with pg_store.watch(after="start", retry_window=5, clock=clock) as watcher:
+        assert watcher.health.healthy
+    with SqliteStore(str(tmp_path / "s.db")) as sqlite_store:
+        with pytest.raises(ValidationError):
+            sqlite_store.watch(retry_window=float("nan"))
+        with sqlite_store.watch(after="start", retry_window=5, clock=clock) as watcher:
+            assert watcher.health.healthy

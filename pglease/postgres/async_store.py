@@ -29,8 +29,10 @@ from ._core import DEFAULT_SCHEMA, Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, from_micros
 
 if TYPE_CHECKING:
+    from ..clock import Clock
     from ..fleet import AsyncElection, AsyncHeldLease, Leader
     from ..watch import AsyncWatcher
+    from ..watch.hub import HubTuning
 
 T = TypeVar("T")
 AsyncApply = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
@@ -301,11 +303,16 @@ class AsyncPostgresStore:
         mode: str = "listen",
         interval: float | None = None,
         max_pending: int = 10_000,
+        retry_window: float = 30.0,
+        clock: Clock | None = None,
+        tuning: HubTuning | None = None,
     ) -> AsyncWatcher:
         """Stream committed events gap-free from `after` (a cursor, "now" or "start").
 
         A watcher more than `max_pending` events behind the stream reads the
-        missed span from the log itself (bounded memory, nothing lost).
+        missed span from the log itself (bounded memory, nothing lost). Errors
+        that cannot heal, or that last `retry_window` seconds, reach the consumer
+        as `WatchFailedError`; `watcher.health` tells the last error and the lag.
         See `pglease.watch.AsyncWatcher`."""
         from ..watch import watch_async
 
@@ -318,4 +325,7 @@ class AsyncPostgresStore:
             mode=mode,
             interval=interval,
             max_pending=max_pending,
+            retry_window=retry_window,
+            clock=clock,
+            tuning=tuning,
         )

@@ -29,8 +29,10 @@ from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, from_micros
 from ._reuse import ConnectionStack
 
 if TYPE_CHECKING:
+    from ..clock import Clock
     from ..fleet import Election, HeldLease, Leader
     from ..watch import Watcher
+    from ..watch.hub import HubTuning
 
 T = TypeVar("T")
 Apply = Callable[[psycopg.Connection[Any]], T]
@@ -298,11 +300,16 @@ class PostgresStore:
         mode: str = "listen",
         interval: float | None = None,
         max_pending: int = 10_000,
+        retry_window: float = 30.0,
+        clock: Clock | None = None,
+        tuning: HubTuning | None = None,
     ) -> Watcher:
         """Stream committed events gap-free from `after` (a cursor, "now" or "start").
 
         A watcher more than `max_pending` events behind the stream reads the
-        missed span from the log itself (bounded memory, nothing lost).
+        missed span from the log itself (bounded memory, nothing lost). Errors
+        that cannot heal, or that last `retry_window` seconds, reach the consumer
+        as `WatchFailedError`; `watcher.health` tells the last error and the lag.
         See `pglease.watch.Watcher`."""
         from ..watch import watch
 
@@ -315,4 +322,7 @@ class PostgresStore:
             mode=mode,
             interval=interval,
             max_pending=max_pending,
+            retry_window=retry_window,
+            clock=clock,
+            tuning=tuning,
         )

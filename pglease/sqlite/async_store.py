@@ -26,6 +26,7 @@ AsyncApply = Callable[[sqlite3.Connection], Awaitable[T]]
 
 
 if TYPE_CHECKING:
+    from ..clock import Clock
     from .watch import AsyncSqliteWatcher
 
 
@@ -206,6 +207,8 @@ class AsyncSqliteStore:
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
         interval: float = 0.05,
+        retry_window: float = 30.0,
+        clock: Clock | None = None,
     ) -> AsyncSqliteWatcher:
         """Stream committed events from `after` (a cursor, "now" or "start") by polling
         the event table every `interval` seconds; see `pglease.sqlite.watch`."""
@@ -218,6 +221,8 @@ class AsyncSqliteStore:
             resources=resources,
             event_types=event_types,
             interval=interval,
+            retry_window=retry_window,
+            clock=clock,
         )
 
 

@@ -84,6 +84,7 @@ def _parse_event(row: Sequence[Any]) -> Event:
 
 
 if TYPE_CHECKING:
+    from ..clock import Clock
     from .watch import SqliteWatcher
 
 
@@ -480,6 +481,8 @@ class SqliteStore:
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
         interval: float = 0.05,
+        retry_window: float = 30.0,
+        clock: Clock | None = None,
     ) -> SqliteWatcher:
         """Stream committed events from `after` (a cursor, "now" or "start") by polling
         the event table every `interval` seconds; see `pglease.sqlite.watch`."""
@@ -492,6 +495,8 @@ class SqliteStore:
             resources=resources,
             event_types=event_types,
             interval=interval,
+            retry_window=retry_window,
+            clock=clock,
         )
 
 
