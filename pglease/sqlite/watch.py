@@ -4,6 +4,11 @@ SQLite has no LISTEN/NOTIFY, and one writer at a time makes event ids
 commit-ordered, so a poll of `events_after(cursor)` every `interval` seconds
 delivers every committed event exactly once, in order, with no gap; a saved
 cursor resumes exactly where the watcher stopped, also in another process.
+
+A cursor is checked once, when the watcher starts: one that is not a position
+in this file's log (`CursorAheadError`, `HistoryDivergedError`: another file,
+or this file replaced by an older copy) is refused. The polls after it are not
+checked again.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from ..cursors import Position, decode_cursor, encode_cursor
+from ..cursors import decode_cursor
 from ..errors import ValidationError, WatchClosedError
 from ..types import Event
 from ..validation import describe
@@ -26,7 +31,6 @@ if TYPE_CHECKING:
 
 DEFAULT_INTERVAL = 0.05
 PAGE = 1000
-_TIP_SQL = "SELECT coalesce(max(id), 0) FROM events"
 
 
 def _start(after: str | None) -> str | None:
@@ -53,6 +57,9 @@ class _Base:
         self.interval = check_interval(interval, "interval")
         self._filters = Filters.build(types, resources, event_types)
         self._cursor = _start(after)
+        #: The event id the next poll reads after (set once the start is resolved).
+        self._after_id = 0
+        self._started = False
         self._buffer: deque[Event] = deque()
         self._closed = False
 
@@ -61,9 +68,15 @@ class _Base:
         """The position after the last event handed out (save it to resume)."""
         return self._cursor
 
+    def _started_at(self, cursor: str) -> None:
+        self._cursor = cursor
+        self._after_id = decode_cursor(cursor).event_id
+        self._started = True
+
     def _take(self, page: list[Event]) -> None:
         for event in page:
             self._cursor = event.cursor
+            self._after_id = event.id
             if self._filters.match(event):
                 self._buffer.append(event)
 
@@ -88,12 +101,14 @@ class SqliteWatcher(_Base):
         super().__init__(after, types, resources, event_types, interval)
         self._store = store
         if self._cursor is None:  # "now" means now, not the first poll
-            with self._store.connection() as conn:
-                (tip,) = conn.execute(_TIP_SQL).fetchone()
-            self._cursor = encode_cursor(Position(0, int(tip)))
+            self._started_at(store._now_cursor())
+        else:
+            if self._cursor != "start":
+                store._check_cursor(self._cursor)
+            self._started_at(self._cursor)
 
     def _poll(self) -> None:
-        while not self._buffer and (page := self._store.events_after(self._cursor, PAGE)):
+        while not self._buffer and (page := self._store._events_after_id(self._after_id, PAGE)):
             self._take(page)
             if len(page) < PAGE:
                 break
@@ -155,16 +170,25 @@ class AsyncSqliteWatcher(_Base):
         self._store = store
 
     async def start(self) -> AsyncSqliteWatcher:
-        """Pin "now" to the current end of the log (``async with`` does this)."""
+        """Pin "now" to the current end of the log, or check the cursor
+        (``async with`` does this)."""
+        if self._started:
+            return self
+        sync = self._store.sync_store
         if self._cursor is None:
-            async with self._store.connection() as conn:
-                (tip,) = conn.execute(_TIP_SQL).fetchone()
-            self._cursor = encode_cursor(Position(0, int(tip)))
+            self._started_at(await asyncio.to_thread(sync._now_cursor))
+        else:
+            if self._cursor != "start":
+                await asyncio.to_thread(sync._check_cursor, self._cursor)
+            self._started_at(self._cursor)
         return self
 
     async def _poll(self) -> None:
         await self.start()
-        while not self._buffer and (page := await self._store.events_after(self._cursor, PAGE)):
+        sync = self._store.sync_store
+        while not self._buffer and (
+            page := await asyncio.to_thread(sync._events_after_id, self._after_id, PAGE)
+        ):
             self._take(page)
             if len(page) < PAGE:
                 break
