@@ -30,11 +30,13 @@ from pglease import (
     WatchError,
 )
 from pglease.cursors import encode_cursor, parse_cursor
+from pglease.roles import grant
 from pglease.sqlite import AsyncSqliteStore, SqliteStore
 from pglease.types import Event
 from pglease.watch import AsyncWatcher, Watcher, prune
 
 from .backends import Backend
+from .test_trust import Roles, roles  # noqa: F401  (the fixture)
 
 A = Owner("host", "a")
 
@@ -263,6 +265,33 @@ def test_resume_after_prune_follows_the_horizon_rules(pg_store: PostgresStore) -
         pg_store.events_after(old[0].cursor)
     with Watcher(pg_store, after=old[0].cursor) as stale, pytest.raises(CursorExpiredError):
         stale.get(5)
+
+
+def test_reader_and_client_roles_can_check_cursors(
+    pg_store: PostgresStore,
+    roles: Roles,  # noqa: F811
+    pg_dsn: str,
+    schema: str,
+) -> None:
+    """The check reads only tables both roles may SELECT."""
+    rid = pg_store.ensure_resource("run", "roles")
+    _write(pg_store, rid, 2)
+    first = pg_store.events_after()[0].cursor
+    for kind in ("reader", "client"):
+        name, dsn = roles.make(kind)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            grant(conn, schema, name, kind)
+        with PostgresStore(dsn, schema=schema, max_size=2) as limited:
+            assert [e.revision for e in limited.events_after(first)] == [2]
+            with pytest.raises(CursorAheadError):
+                limited.events_after(_ahead(first))
+            with limited.watch(after=first) as w:
+                got = w.get(5)
+                assert got is not None and got.revision == 2
+            with limited.watch(after="now") as w:
+                assert parse_cursor(w.cursor).check is not None
+            with pytest.raises(CursorAheadError):
+                limited.watch(after=_ahead(first))
 
 
 async def test_async_watcher_checks_its_cursor(apg_store: AsyncPostgresStore) -> None:
