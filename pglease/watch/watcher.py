@@ -169,6 +169,9 @@ class Watcher(_Base):
 
     Iterate it, or call `get(timeout)` / `get_batch(timeout)`. Raises
     `CursorExpiredError` when the cursor is older than the prune horizon.
+    A cursor that is not a position in this store's log is refused when the
+    watcher is created, before it joins the stream: `CursorAheadError`,
+    `HistoryDivergedError` (see `pglease.cursor_check`).
 
     The process hub never waits for a consumer: once `max_pending` events are
     queued for this watcher, it stops queueing and the watcher, when it gets
