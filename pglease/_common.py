@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from .cursors import Position, encode_cursor
+from .cursors import Position, encode_cursor, fingerprint
 from .errors import LeaseMismatchError, ValidationError
 from .ids import new_token, token_hash
 from .payloads import canonical_payload, decode_payload
@@ -200,7 +200,7 @@ def parse_event(row: Sequence[Any]) -> Event:
     ) = row
     return Event(
         id=event_id,
-        cursor=encode_cursor(Position(int(xid), event_id)),
+        cursor=encode_cursor(Position(int(xid), event_id), fingerprint(rid, revision, created)),
         resource_id=rid,
         resource_type=rtype,
         resource_key=key,

@@ -250,3 +250,28 @@ class WatchFailedError(WatchError):
 
 
 __all__ += ["WatchFailedError"]
+
+
+# --- cursor identity ------------------------------------------------------------------
+
+
+class ForeignCursorError(WatchError):
+    """The cursor is not a position in this store's event log.
+
+    Resuming from it would skip events or deliver other content under revisions
+    already seen. Resync: list the resources and watch from ``"now"``.
+    """
+
+
+class CursorAheadError(ForeignCursorError):
+    """The cursor lies beyond the end of this store's log (a newer copy of the log,
+    another server, or a primary whose latest events were lost in a failover)."""
+
+
+class HistoryDivergedError(ForeignCursorError):
+    """The event the cursor was taken after is missing here or is another event: the
+    log it came from is not this one (another schema or server, a restored backup,
+    an asynchronous failover that lost events)."""
+
+
+__all__ += ["CursorAheadError", "ForeignCursorError", "HistoryDivergedError"]

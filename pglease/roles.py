@@ -168,3 +168,17 @@ def _regrant(
     for role, kind in recorded:
         out.extend(grant_statements(schema, str(role), check_role_kind(kind), columns))
     return out
+
+
+_RUNNERS = ("grant", "revoke", "grant_async", "revoke_async")
+
+
+def __getattr__(name: str) -> Any:
+    # `pglease.roles.grant` and friends run the statements built here; they
+    # live with the migration I/O (generated sync twin), imported lazily
+    # because that module imports this one.
+    if name in _RUNNERS:
+        from . import migrations
+
+        return getattr(migrations, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,6 @@ from psycopg import sql
 # imports (`_core.claim_args`, ...) keep working.
 from .._common import MAX_EVENT_PAGE as MAX_EVENT_PAGE
 from .._common import check_claim as _check_claim  # noqa: F401
-from .._common import check_limit
 from .._common import check_now as check_now
 from .._common import claim_args as claim_args
 from .._common import ensure_args as ensure_args
@@ -26,7 +25,6 @@ from .._common import parse_event as parse_event
 from .._common import parse_resource as parse_resource
 from .._common import release_args as release_args
 from .._common import renew_args as renew_args
-from ..cursors import Position
 from ..errors import (
     ClockOverrideError,
     DatabaseUnavailableError,
@@ -173,12 +171,6 @@ class Queries:
             event_cols + " WHERE e.resource_id = %s AND e.revision > %s"
             " ORDER BY e.revision LIMIT %s"
         )
-        # Only events of finished transactions: nothing can commit below xmin later.
-        self.events_after = q(
-            event_cols + " WHERE (e.xid, e.id) > (%s::text::xid8, %s::bigint)"
-            " AND e.xid < pg_snapshot_xmin(pg_current_snapshot())"
-            " ORDER BY e.xid, e.id LIMIT %s"
-        )
 
 
 def parse_claim(resource_id: str, owner: Owner, token: str, row: Sequence[Any]) -> Claim | None:
@@ -186,7 +178,3 @@ def parse_claim(resource_id: str, owner: Owner, token: str, row: Sequence[Any]) 
     if not claimed:
         return None
     return Claim(resource_id, owner, token, generation, expires_at, revision)
-
-
-def events_after_args(position: Position, limit: int) -> list[Any]:
-    return [str(position.xid), position.event_id, check_limit(limit)]

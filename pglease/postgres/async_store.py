@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from ..cursors import decode_cursor
+from .. import cursor_check
 from ..dsn import resolve_dsn
 from ..errors import PgleaseError, UnknownResourceError
 from ..migrations import migrate_async, migration_state_async
@@ -252,10 +252,10 @@ class AsyncPostgresStore:
         return [_core.parse_event(r) for r in rows]
 
     async def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
-        args = _core.events_after_args(decode_cursor(cursor), limit)
+        read = cursor_check.pg_events_after(self.schema, cursor, limit)
         async with self.pool.connection() as conn:
-            rows = await (await conn.execute(self._q.events_after, args)).fetchall()
-        return [_core.parse_event(r) for r in rows]
+            rows = await (await conn.execute(read.query, read.args)).fetchall()
+        return read.events(rows)
 
     # --- fleet runtime (see pglease.fleet) -------------------------------------------
 

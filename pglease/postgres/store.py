@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from ..cursors import decode_cursor
+from .. import cursor_check
 from ..dsn import resolve_dsn
 from ..errors import UnknownResourceError
 from ..migrations import migrate, migration_state
@@ -249,10 +249,11 @@ class PostgresStore:
         Pass the last event's `cursor` to get the next page; no event is ever
         skipped, even when transactions commit out of id order.
         """
-        args = _core.events_after_args(decode_cursor(cursor), limit)
+        # The cursor is checked against this log in the same statement (cursor_check).
+        read = cursor_check.pg_events_after(self.schema, cursor, limit)
         with self._conns.borrow() as conn:
-            rows = conn.execute(self._q.events_after, args).fetchall()
-        return [_core.parse_event(r) for r in rows]
+            rows = conn.execute(read.query, read.args).fetchall()
+        return read.events(rows)
 
     # --- fleet runtime (see pglease.fleet) -------------------------------------------
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import _common
-from ..cursors import decode_cursor
+from .. import _common, cursor_check
+from ..cursors import Cursor, parse_cursor
 from ..errors import (
     InvalidCursorError,
     LeaseExpiredError,
@@ -462,15 +462,42 @@ class SqliteStore:
         skipped or repeated. SQLite cursors are ``0.<event id>``: one writer at a
         time makes event ids commit-ordered, so the id alone is the position.
         """
-        position = decode_cursor(cursor)
-        if position.xid != 0:
-            raise InvalidCursorError(f"cursor {cursor!r} was not produced by a SQLite store")
+        parsed = self._parse_cursor(cursor)
         lim = _common.check_limit(limit)
         with self._db.connection() as conn:
-            rows = conn.execute(
-                _EVENT_SELECT + " WHERE e.id > ? ORDER BY e.id LIMIT ?",
-                (position.event_id, lim),
-            ).fetchall()
+            cursor_check.sqlite_verify(conn, parsed, refuse_expired=True)
+            return self._read_after(conn, parsed.position.event_id, lim)
+
+    @staticmethod
+    def _parse_cursor(cursor: str | None) -> Cursor:
+        parsed = parse_cursor(cursor)
+        if parsed.position.xid != 0:
+            raise InvalidCursorError(f"cursor {cursor!r} was not produced by a SQLite store")
+        return parsed
+
+    def _check_cursor(self, cursor: str) -> None:
+        """Refuse a cursor that is not a position in this file's log (a watcher's
+        resume; `events_after` checks every call)."""
+        parsed = self._parse_cursor(cursor)
+        with self._db.connection() as conn:
+            cursor_check.sqlite_verify(conn, parsed, refuse_expired=True)
+
+    def _now_cursor(self) -> str:
+        """The cursor after the last event (a watcher's "now")."""
+        with self._db.connection() as conn:
+            return cursor_check.sqlite_now(conn)
+
+    def _events_after_id(self, event_id: int, limit: int) -> list[Event]:
+        """The events after `event_id`, unchecked: a watcher's polls after its
+        cursor was checked once."""
+        with self._db.connection() as conn:
+            return self._read_after(conn, event_id, limit)
+
+    @staticmethod
+    def _read_after(conn: sqlite3.Connection, event_id: int, limit: int) -> list[Event]:
+        rows = conn.execute(
+            _EVENT_SELECT + " WHERE e.id > ? ORDER BY e.id LIMIT ?", (event_id, limit)
+        ).fetchall()
         return [_parse_event(r) for r in rows]
 
     def watch(

@@ -13,6 +13,11 @@ connections would go on reading the old, unlinked file and see nothing, a
 silent stall), not a database, corrupt, no events table, access denied.
 A file made unreadable (chmod) while the watcher runs is noticed only when a
 new connection is opened: pooled connections keep their open file.
+
+A cursor is checked once, when the watcher starts: one that is not a position
+in this file's log (`CursorAheadError`, `HistoryDivergedError`: another file,
+or this file replaced by an older copy) is refused. The polls after it are not
+checked again.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from ..clock import SYSTEM_CLOCK, Clock
-from ..cursors import Position, decode_cursor, encode_cursor
+from ..cursors import decode_cursor
 from ..errors import ValidationError, WatchClosedError, WatchFailedError
 from ..types import Event
 from ..validation import describe
@@ -47,7 +52,6 @@ if TYPE_CHECKING:
 
 DEFAULT_INTERVAL = 0.05
 PAGE = 1000
-_TIP_SQL = "SELECT coalesce(max(id), 0) FROM events"
 #: SQLite result codes no retry heals.
 _PERMANENT_CODES = frozenset({"SQLITE_NOTADB", "SQLITE_CORRUPT", "SQLITE_PERM", "SQLITE_AUTH"})
 
@@ -99,6 +103,9 @@ class _Base:
         self.retry_window = check_retry_window(retry_window)
         self._filters = Filters.build(types, resources, event_types)
         self._cursor = _start(after)
+        #: The event id the next poll reads after (set once the start is resolved).
+        self._after_id = 0
+        self._started = False
         self._buffer: deque[Event] = deque()
         self._closed = False
         self._path = path
@@ -159,9 +166,15 @@ class _Base:
         """The position after the last event handed out (save it to resume)."""
         return self._cursor
 
+    def _started_at(self, cursor: str) -> None:
+        self._cursor = cursor
+        self._after_id = decode_cursor(cursor).event_id
+        self._started = True
+
     def _take(self, page: list[Event]) -> None:
         for event in page:
             self._cursor = event.cursor
+            self._after_id = event.id
             if self._filters.match(event):
                 self._buffer.append(event)
 
@@ -192,13 +205,15 @@ class SqliteWatcher(_Base):
         )
         self._store = store
         if self._cursor is None:  # "now" means now, not the first poll
-            with self._store.connection() as conn:
-                (tip,) = conn.execute(_TIP_SQL).fetchone()
-            self._cursor = encode_cursor(Position(0, int(tip)))
+            self._started_at(store._now_cursor())
+        else:
+            if self._cursor != "start":
+                store._check_cursor(self._cursor)
+            self._started_at(self._cursor)
 
     def _poll(self) -> None:
         self._check_file()
-        while not self._buffer and (page := self._store.events_after(self._cursor, PAGE)):
+        while not self._buffer and (page := self._store._events_after_id(self._after_id, PAGE)):
             self._take(page)
             if len(page) < PAGE:
                 break
@@ -269,17 +284,26 @@ class AsyncSqliteWatcher(_Base):
         self._store = store
 
     async def start(self) -> AsyncSqliteWatcher:
-        """Pin "now" to the current end of the log (``async with`` does this)."""
+        """Pin "now" to the current end of the log, or check the cursor
+        (``async with`` does this)."""
+        if self._started:
+            return self
+        sync = self._store.sync_store
         if self._cursor is None:
-            async with self._store.connection() as conn:
-                (tip,) = conn.execute(_TIP_SQL).fetchone()
-            self._cursor = encode_cursor(Position(0, int(tip)))
+            self._started_at(await asyncio.to_thread(sync._now_cursor))
+        else:
+            if self._cursor != "start":
+                await asyncio.to_thread(sync._check_cursor, self._cursor)
+            self._started_at(self._cursor)
         return self
 
     async def _poll(self) -> None:
         await self.start()
         self._check_file()
-        while not self._buffer and (page := await self._store.events_after(self._cursor, PAGE)):
+        sync = self._store.sync_store
+        while not self._buffer and (
+            page := await asyncio.to_thread(sync._events_after_id, self._after_id, PAGE)
+        ):
             self._take(page)
             if len(page) < PAGE:
                 break

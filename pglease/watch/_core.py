@@ -18,7 +18,7 @@ from typing import Any, Literal
 from psycopg import sql
 
 from ..clock import Clock
-from ..cursors import START, Position, encode_cursor
+from ..cursors import START, Position, cursor_check, encode_cursor, fingerprint
 from ..dsn import redact_text
 from ..errors import (
     CursorExpiredError,
@@ -112,7 +112,7 @@ def parse_page(rows: Sequence[Sequence[Any]], limit: int) -> Page:
         for r in rows:
             event_id, xid = r[5], r[6]
             add_position(Position(int(xid), event_id))
-            add_event(_event(r, f"{xid}.{event_id}"))
+            add_event(_event(r, f"{xid}.{event_id}.{fingerprint(r[7], r[10], r[18])}"))
     held_back = xmin != xmax or skippers
     return Page(events, positions, Position(xmin, 0), held_back, horizon, len(events) >= limit)
 
@@ -258,7 +258,9 @@ class WatchState:
     the hub's batches, dropping anything at or before our cursor.
     """
 
-    def __init__(self, position: Position, from_start: bool, filters: Filters):
+    def __init__(
+        self, position: Position, from_start: bool, filters: Filters, check: str | None = None
+    ):
         self.position = position
         self.from_start = from_start
         self.filters = filters
@@ -270,6 +272,10 @@ class WatchState:
         #: Public so that the watchers' per-event fast paths can set it inline.
         self.last: Event | None = None
         self._start = position
+        #: The last event read (filtered out or not): the anchor a cursor at
+        #: `position` carries (see `pglease.cursors`); before any, `_check`.
+        self.anchor: Event | None = None
+        self._check = check
         #: A watcher that failed (cursor expired) keeps failing: continuing
         #: would skip the deleted events silently.
         self.failed: BaseException | None = None
@@ -278,8 +284,12 @@ class WatchState:
     def cursor(self) -> str:
         # Events read but not yet handed out must not be skipped on resume.
         if not self.pending:
-            return encode_cursor(self.position)
-        return self.last.cursor if self.last is not None else encode_cursor(self._start)
+            anchor = self.anchor
+            check = cursor_check(anchor.cursor) if anchor is not None else self._check
+            return encode_cursor(self.position, check)
+        if self.last is not None:
+            return self.last.cursor
+        return encode_cursor(self._start, self._check)
 
     def on_message(self, message: Message) -> None:
         if isinstance(message, Failure):
@@ -320,6 +330,7 @@ class WatchState:
         if self.from_start and self.position == START:
             # "start" means the oldest retained event, not event zero.
             self.position = self._start = horizon
+            self._check = None  # its event was pruned: nothing to check
             return
         self.failed = CursorExpiredError(
             f"cursor {encode_cursor(self.position)} is older than the pruned horizon"
@@ -334,6 +345,7 @@ class WatchState:
         if positions[0] > self.position:
             # The common case (a live batch, all new): no per-event position checks.
             self.position = positions[-1]
+            self.anchor = events[-1]
             if self.filters.unfiltered:
                 self.pending.extend(events)
             else:
@@ -343,6 +355,7 @@ class WatchState:
             if pos <= self.position:
                 continue  # already delivered (we read past the hub's join point)
             self.position = pos
+            self.anchor = event
             if self.filters.match(event):
                 self.pending.append(event)
 

@@ -19,8 +19,9 @@ from typing import Any, ClassVar, Protocol
 import psycopg
 from psycopg_pool import PoolClosed
 
+from .. import cursor_check
 from ..clock import SYSTEM_CLOCK, Clock
-from ..cursors import START, Position, decode_cursor
+from ..cursors import Cursor, Position, parse_cursor
 from ..errors import ValidationError, WatchClosedError
 from ..types import Event
 from ..validation import describe
@@ -42,7 +43,6 @@ from ._core import (
     check_mode,
     check_retry_window,
     make_health,
-    parse_frontier,
     parse_page,
     read_args,
 )
@@ -76,15 +76,15 @@ class AsyncStore(Protocol):
     def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
 
 
-def _after(after: str | None) -> tuple[Position | None, bool]:
-    """(position, from_start); position None means "now" (resolved by a query)."""
+def _after(after: str | None) -> tuple[Cursor | None, bool]:
+    """(cursor, from_start); cursor None means "now" (resolved by a query)."""
     if after is None or after == "now":
         return None, False
     if after == "start":
-        return START, True
+        return parse_cursor("start"), True
     if not isinstance(after, str):
         raise ValidationError(f"after must be a cursor, 'now' or 'start', got {describe(after)}")
-    return decode_cursor(after), False
+    return parse_cursor(after), False
 
 
 class _Base:
@@ -112,7 +112,7 @@ class _Base:
         default = DEFAULT_FALLBACK_INTERVAL if self.mode == "listen" else DEFAULT_POLL_INTERVAL
         self.interval = check_interval(default if interval is None else interval, "interval")
         self._filters = Filters.build(types, resources, event_types)
-        self._position, self._from_start = _after(after)
+        self._start_cursor, self._from_start = _after(after)
         self._queries = WatchQueries(store.schema)
         self._dsn = store.dsn
         self._schema = store.schema
@@ -162,6 +162,30 @@ class _Base:
         )
         self._seen_hub = self._hub
 
+    def _start_query(self) -> tuple[bytes, list[Any]] | None:
+        """The query that resolves "now" or checks the cursor (None for "start")."""
+        queries = cursor_check.pg_queries(self._schema)
+        if self._start_cursor is None:
+            return queries.now, []
+        if self._from_start:
+            return None
+        return queries.check, cursor_check.pg_check_args(self._start_cursor)
+
+    def _start_state(self, row: Any) -> WatchState:
+        """The state at the start position, once `_start_query` answered `row`.
+
+        Run before joining the hub, so a cursor from another log is refused
+        (`CursorAheadError`, `HistoryDivergedError`) before anything is read; an
+        expired one fails on the first read, as before.
+        """
+        if self._start_cursor is None:
+            position, check = cursor_check.pg_now(row)
+        else:
+            if row is not None:
+                cursor_check.pg_verify(self._start_cursor, row, refuse_expired=False)
+            position, check = self._start_cursor.position, self._start_cursor.check
+        return WatchState(position, self._from_start, self._filters, check)
+
     def _unsubscribe(self) -> None:
         if self._hub is not None:
             _hub.release(self._hub, self._sub)
@@ -196,6 +220,9 @@ class Watcher(_Base):
     meanwhile are retried and logged on the ``pglease.watch`` logger.
     `health` tells the last error, reconnects and lag. `clock` and `tuning`
     are for tests (a `pglease.clock.FakeClock`, `hub.HubTuning` thresholds).
+    A cursor that is not a position in this store's log is refused when the
+    watcher is created, before it joins the stream: `CursorAheadError`,
+    `HistoryDivergedError` (see `pglease.cursor_check`).
 
     The process hub never waits for a consumer: once `max_pending` events are
     queued for this watcher, it stops queueing and the watcher, when it gets
@@ -224,13 +251,11 @@ class Watcher(_Base):
         )  # fmt: skip
         self._store = store
         self._mailbox = SyncMailbox(self.max_pending)
-        position = self._position
-        if position is None:
+        row = None
+        if (start := self._start_query()) is not None:
             with store.connection() as conn:
-                row = conn.execute(self._queries.frontier).fetchone()
-            assert row is not None
-            position = parse_frontier(row)[0]
-        self._state = WatchState(position, self._from_start, self._filters)
+                row = conn.execute(*start).fetchone()
+        self._state = self._start_state(row)
         self._subscribe(self._mailbox.deliver)
 
     @property
@@ -377,14 +402,11 @@ class AsyncWatcher(_Base):
             return self
         if self._closed:
             raise WatchClosedError("the watcher is closed")
-        position = self._position
-        if position is None:
+        row = None
+        if (start := self._start_query()) is not None:
             async with self._store.connection() as conn:
-                cur = await conn.execute(self._queries.frontier)
-                row = await cur.fetchone()
-            assert row is not None
-            position = parse_frontier(row)[0]
-        self._state = WatchState(position, self._from_start, self._filters)
+                row = await (await conn.execute(*start)).fetchone()
+        self._state = self._start_state(row)
         mailbox = self._mailbox = AsyncMailbox(self.max_pending)
         key = (self._dsn, self._schema, self.mode, self.interval, self._options)
         self._fanout = _LoopFanout.get(asyncio.get_running_loop(), key)
