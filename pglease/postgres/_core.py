@@ -263,6 +263,9 @@ def cause_of(error: PgleaseError, exc: psycopg.Error) -> psycopg.Error | None:
     return None if type(error) in _OWN_CLASSES else exc
 
 
+NOTHING_COMMITTED = "connection to PostgreSQL lost before COMMIT; nothing was committed"
+
+
 def lost(
     exc: psycopg.Error, dsn: str | None = None, what: str = "connection to PostgreSQL lost"
 ) -> DatabaseUnavailableError:

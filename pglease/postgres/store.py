@@ -295,7 +295,7 @@ class PostgresStore:
         if committing:
             return _core.mutate_unknown(exc, permit, event_type, self.dsn)
         # Broken before COMMIT was sent: the server rolls the transaction back.
-        return _core.lost(exc, self.dsn, "connection to PostgreSQL lost; nothing was committed")
+        return _core.lost(exc, self.dsn, _core.NOTHING_COMMITTED)
 
     def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
         """The resource with its lease state, judged by the database clock (or `now`)."""
