@@ -325,14 +325,14 @@ async def test_async_statement_timeout_cancels_a_mutation_without_trace(
         assert (await store.mutate(Permit(rid, 0), "run.fast")).revision == 1
 
 
-def test_driver_errors_from_apply_are_wrapped_and_own_exceptions_are_not(
+def test_the_callers_own_sql_errors_in_apply_reach_it_unchanged(
     pg_store: PostgresStore,
 ) -> None:
+    """Only what pglease causes is mapped (time limits, lost connections); errors of
+    the caller's own SQL are theirs, like any exception `apply` raises."""
     rid = pg_store.ensure_resource("run", "apply")
-    with pytest.raises(DatabaseError, match="22012") as caught:
+    with pytest.raises(psycopg.errors.DivisionByZero):
         pg_store.mutate(Permit(rid, 0), "run.x", lambda c: c.execute("SELECT 1/0"))
-    assert caught.value.sqlstate == "22012"
-    assert isinstance(caught.value.__cause__, psycopg.errors.DivisionByZero)
 
     class Mine(Exception):
         pass
@@ -343,6 +343,40 @@ def test_driver_errors_from_apply_are_wrapped_and_own_exceptions_are_not(
     with pytest.raises(Mine):
         pg_store.mutate(Permit(rid, 0), "run.x", raises)
     assert pg_store.get(rid).revision == 0
+
+
+def drop_function(dsn: str, schema: str, name: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [(signature,)] = conn.execute(
+            "SELECT oid::regprocedure::text FROM pg_proc"
+            " WHERE proname = %s AND pronamespace = %s::regnamespace",
+            [name, schema],
+        ).fetchall()
+        conn.execute(f"DROP FUNCTION {signature}")
+
+
+def test_other_server_errors_are_a_database_error(
+    pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    rid = pg_store.ensure_resource("run", "broken-schema")
+    drop_function(pg_dsn, schema, "claim")
+    with pytest.raises(DatabaseError, match="42883") as caught:
+        pg_store.claim(rid, ME, 30)
+    assert caught.value.sqlstate == "42883"
+    assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedFunction)
+    drop_function(pg_dsn, schema, "ensure_resource")
+    with pytest.raises(DatabaseError, match="42883"):
+        pg_store.ensure_resource("run", "other")
+
+
+async def test_async_other_server_errors_are_a_database_error(
+    apg_store: AsyncPostgresStore, pg_dsn: str, schema: str
+) -> None:
+    rid = await apg_store.ensure_resource("run", "broken-schema")
+    drop_function(pg_dsn, schema, "claim")
+    with pytest.raises(DatabaseError, match="42883") as caught:
+        await apg_store.claim(rid, ME, 30)
+    assert isinstance(caught.value.__cause__, psycopg.errors.UndefinedFunction)
 
 
 def test_connections_carry_the_limits_and_a_name(pg_dsn: str, schema: str) -> None:

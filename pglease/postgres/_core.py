@@ -404,6 +404,35 @@ def mutate_unknown(
     return outcome_unknown(exc, "mutate", permit.resource_id, check, dsn, owner=owner)
 
 
+BEGIN, APPLY, COMMIT = "begin", "apply", "commit"  # the phases of a mutation
+
+
+def mutate_error(
+    exc: psycopg.Error,
+    broken: bool,
+    phase: str,
+    permit: Permit,
+    event_type: str,
+    limits: Limits,
+    dsn: str | None,
+) -> PgleaseError | None:
+    """What a driver error in `mutate` becomes; None: re-raise it unchanged.
+
+    The caller's own SQL in `apply` is theirs: its errors (a UniqueViolation,
+    a syntax error) reach them as psycopg raised them, as any exception of
+    `apply` does. Mapped are the failures pglease causes or must explain: a
+    lost connection, the store's time limits, pglease's own SQLSTATEs.
+    """
+    if broken:
+        if phase == COMMIT:
+            return mutate_unknown(exc, permit, event_type, dsn)
+        # COMMIT was never sent: the server rolls the open transaction back.
+        return lost(exc, dsn, NOTHING_COMMITTED)
+    if phase == APPLY:
+        return translate(exc, limits)
+    return driver_error(exc, limits, dsn)
+
+
 def parse_claim(resource_id: str, owner: Owner, token: str, row: Sequence[Any]) -> Claim | None:
     claimed, generation, expires_at, revision, _holder_type, _holder_id = row
     if not claimed:

@@ -306,27 +306,24 @@ class AsyncPostgresStore:
         actor: Owner | None = None,
         now: datetime | None = None,
     ) -> MutationResult:
-        """See `PostgresStore.mutate`: `apply` runs once, its own exceptions propagate
-        unchanged, driver errors from its SQL are mapped."""
+        """See `PostgresStore.mutate`: `apply` runs once; what it raises, its SQL's
+        own errors too, propagates unchanged; what pglease causes is mapped."""
         args = _core.mutate_args(permit, event_type, payload, actor, now)
         conn = await self._take()
-        committing = False
+        phase = _core.BEGIN
         try:
             async with conn.transaction():
                 row = await (await conn.execute(self._q.mutate_begin, args)).fetchone()
                 assert row is not None
+                phase = _core.APPLY
                 value = await apply(conn) if apply is not None else None
-                committing = True  # leaving the block sends COMMIT
+                phase = _core.COMMIT  # leaving the block sends COMMIT
         except psycopg.Error as exc:
-            if not conn.broken:
-                error = self._error(exc)
-            elif committing:
-                error = _core.mutate_unknown(exc, permit, event_type, self.dsn)
-            else:
-                # Broken before COMMIT was sent: the server rolls the transaction back.
-                error = _core.lost(
-                    exc, self.dsn, "connection to PostgreSQL lost; nothing was committed"
-                )
+            error = _core.mutate_error(
+                exc, conn.broken, phase, permit, event_type, self._limits, self.dsn
+            )
+            if error is None:
+                raise
             raise error from _core.cause_of(error, exc)
         finally:
             await self.pool.putconn(conn)

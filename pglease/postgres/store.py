@@ -261,41 +261,32 @@ class PostgresStore:
         """Check the permit, run `apply(conn)` and append the event, all in one transaction.
 
         Any exception (a stale permit, a lost lease, or one raised by `apply`)
-        rolls everything back: no revision bump, no event, no payload. An
-        exception `apply` raises propagates unchanged; a driver error from its
-        SQL is mapped like pglease's own (DatabaseError etc., the original as
-        `__cause__`). Never retried: `apply` runs once.
+        rolls everything back: no revision bump, no event, no payload. What
+        `apply` raises propagates unchanged, its SQL's own errors too (say a
+        UniqueViolation); only what pglease causes is mapped: a lost connection,
+        the store's time limits, pglease's SQLSTATEs. Never retried: `apply`
+        runs once.
         """
         args = _core.mutate_args(permit, event_type, payload, actor, now)
         conn = self._take()
-        committing = False
+        phase = _core.BEGIN
         try:
             with conn.transaction():
                 row = conn.execute(self._q.mutate_begin, args).fetchone()
                 assert row is not None
+                phase = _core.APPLY
                 value = apply(conn) if apply is not None else None
-                committing = True  # leaving the block sends COMMIT
+                phase = _core.COMMIT  # leaving the block sends COMMIT
         except psycopg.Error as exc:
-            error = self._mutate_error(exc, conn, committing, permit, event_type)
+            error = _core.mutate_error(
+                exc, conn.broken, phase, permit, event_type, self._limits, self.dsn
+            )
+            if error is None:
+                raise
             raise error from _core.cause_of(error, exc)
         finally:
             self._conns.give_back(conn)
         return MutationResult(permit.resource_id, row[0], row[1], value)
-
-    def _mutate_error(
-        self,
-        exc: psycopg.Error,
-        conn: psycopg.Connection[Any],
-        committing: bool,
-        permit: Permit,
-        event_type: str,
-    ) -> PgleaseError:
-        if not conn.broken:
-            return self._error(exc)
-        if committing:
-            return _core.mutate_unknown(exc, permit, event_type, self.dsn)
-        # Broken before COMMIT was sent: the server rolls the transaction back.
-        return _core.lost(exc, self.dsn, _core.NOTHING_COMMITTED)
 
     def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
         """The resource with its lease state, judged by the database clock (or `now`)."""
