@@ -294,8 +294,10 @@ class PoolExhaustedError(DatabaseUnavailableError):
     `max_size` are in use, or the server accepts no new ones."""
 
 
-class StoreClosedError(PgleaseError):
-    """The store is closed (or, asyncio, not opened yet)."""
+class StoreClosedError(DatabaseUnavailableError):
+    """The store is closed (or, asyncio, not opened yet): it has no connection to
+    the database. A DatabaseUnavailableError, as psycopg_pool's PoolClosed was an
+    OperationalError, so code that retries or gives up on those treats it alike."""
 
 
 __all__ += [
