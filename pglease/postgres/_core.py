@@ -119,8 +119,13 @@ def require_migrated(state: MigrationState) -> None:
 
 
 def translate(exc: psycopg.Error, limits: Limits | None = None) -> PgleaseError | None:
-    """Map an error raised by a pglease SQL function (or a server time limit) to its
-    Python class; None for anything else. `limits` only words the timeout messages."""
+    """Map an error raised by a pglease SQL function to its Python class; None for
+    anything else.
+
+    The store's time limits (55P03, 57014) are mapped only with `limits`, on the
+    store's own calls: other callers of this (the watch hub, fleet acquire)
+    retry or report on the driver's errors and keep seeing those.
+    """
     sqlstate = exc.diag.sqlstate
     message = exc.diag.message_primary or str(exc)
     if sqlstate == _SERIALIZATION_FAILURE:
@@ -132,17 +137,18 @@ def translate(exc: psycopg.Error, limits: Limits | None = None) -> PgleaseError 
             f"{message} (the role model: a client role claims, renews, releases, mutates and"
             " watches; a reader reads; only the schema's owner migrates and prunes)"
         )
-    if sqlstate == _LOCK_NOT_AVAILABLE:
-        waited = _seconds(limits.lock_timeout if limits else None, "lock_timeout")
-        return LockTimeoutError(f"resource busy: waited {waited} for its lock ({message})")
-    # 57014 is also an explicit cancel (pg_cancel_backend): only the server's own
-    # statement-timeout message is named as one; other cancels stay DatabaseError.
-    if sqlstate == _QUERY_CANCELED and "statement timeout" in message:
-        limit = _seconds(limits.statement_timeout if limits else None, "statement_timeout")
-        return StatementTimeoutError(
-            f"statement cancelled after {limit}; nothing was committed ({message})",
-            sqlstate=sqlstate,
-        )
+    if limits is not None:
+        if sqlstate == _LOCK_NOT_AVAILABLE:
+            waited = _seconds(limits.lock_timeout, "lock_timeout")
+            return LockTimeoutError(f"resource busy: waited {waited} for its lock ({message})")
+        # 57014 is also an explicit cancel (pg_cancel_backend): only the server's own
+        # statement-timeout message is named as one; other cancels stay DatabaseError.
+        if sqlstate == _QUERY_CANCELED and "statement timeout" in message:
+            limit = _seconds(limits.statement_timeout, "statement_timeout")
+            return StatementTimeoutError(
+                f"statement cancelled after {limit}; nothing was committed ({message})",
+                sqlstate=sqlstate,
+            )
     cls = _ERRORS.get(sqlstate or "")
     if cls is None:
         return None
