@@ -275,3 +275,75 @@ class HistoryDivergedError(ForeignCursorError):
 
 
 __all__ += ["CursorAheadError", "ForeignCursorError", "HistoryDivergedError"]
+
+
+# --- driver and connection failures ------------------------------------------------
+
+
+class DatabaseError(PgleaseError):
+    """PostgreSQL (or the driver) reported an error pglease has no own class for.
+
+    `.sqlstate` is the server's code when there is one; the driver's exception is
+    kept as `__cause__`.
+    """
+
+    def __init__(self, message: str, *, sqlstate: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class StatementTimeoutError(DatabaseError):
+    """The server cancelled a statement that ran past the store's `statement_timeout`
+    (SQLSTATE 57014); its transaction was rolled back, nothing was committed."""
+
+
+class LockTimeoutError(ConflictError):
+    """A lock was not granted within the store's `lock_timeout` (SQLSTATE 55P03): the
+    resource is busy, say a lease row locked by a stalled transaction; nothing
+    was changed."""
+
+
+class CommitOutcomeUnknownError(DatabaseUnavailableError):
+    """The connection broke after a write was sent: it may or may not have committed.
+
+    Read the resource (`get(resource_id)`: its revision and lease) to find out.
+    `.operation` is the call (claim, renew, release, mutate), `.resource_id` the
+    resource; for a claim `.owner` and `.token` are the ones sent, so a claim
+    that did commit (the lease shows that owner) can be rebuilt or released.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str,
+        resource_id: str,
+        owner: object = None,
+        token: str | None = None,
+    ):
+        super().__init__(message)
+        self.operation = operation
+        self.resource_id = resource_id
+        self.owner = owner
+        self.token = token
+
+
+class PoolExhaustedError(DatabaseUnavailableError):
+    """No connection of the store's pool became free within `pool_timeout`: all
+    `max_size` are in use, or the server accepts no new ones."""
+
+
+class StoreClosedError(DatabaseUnavailableError):
+    """The store is closed (or, asyncio, not opened yet): it has no connection to
+    the database. A DatabaseUnavailableError, as psycopg_pool's PoolClosed was an
+    OperationalError, so code that retries or gives up on those treats it alike."""
+
+
+__all__ += [
+    "CommitOutcomeUnknownError",
+    "DatabaseError",
+    "LockTimeoutError",
+    "PoolExhaustedError",
+    "StatementTimeoutError",
+    "StoreClosedError",
+]

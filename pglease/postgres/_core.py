@@ -6,11 +6,14 @@ semantics cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import PoolClosed, PoolTimeout
 
 # Backend-neutral helpers live in `pglease._common`; re-exported here so existing
 # imports (`_core.claim_args`, ...) keep working.
@@ -27,6 +30,8 @@ from .._common import release_args as release_args
 from .._common import renew_args as renew_args
 from ..errors import (
     ClockOverrideError,
+    CommitOutcomeUnknownError,
+    DatabaseError,
     DatabaseUnavailableError,
     EventOrderError,
     InvalidEventTypeError,
@@ -40,16 +45,21 @@ from ..errors import (
     InvalidTTLError,
     LeaseExpiredError,
     LeaseLostError,
+    LockTimeoutError,
     PayloadConflictError,
     PermissionDeniedError,
     PgleaseError,
+    PoolExhaustedError,
     ResourceLeasedError,
     StaleResourceError,
+    StatementTimeoutError,
+    StoreClosedError,
     UnknownResourceError,
     ValidationError,
 )
 from ..migrations import MigrationState
-from ..types import Claim, Owner
+from ..types import Claim, Owner, Permit
+from ..validation import check_positive_seconds
 
 DEFAULT_SCHEMA = "pglease"
 
@@ -79,16 +89,25 @@ _ERRORS: dict[str, type[PgleaseError]] = {
 # the caller's own SQL under SERIALIZABLE) is not pglease's to name.
 _SERIALIZATION_FAILURE = "40001"
 _INSUFFICIENT_PRIVILEGE = "42501"
+_LOCK_NOT_AVAILABLE = "55P03"
+_QUERY_CANCELED = "57014"
 _EVENT_ORDER_PREFIX = "event order:"
 
 
-def unavailable(exc: psycopg.OperationalError) -> DatabaseUnavailableError:
+def unavailable(
+    exc: psycopg.Error,
+    what: str = "cannot connect to PostgreSQL",
+    dsn: str | None = None,
+) -> DatabaseUnavailableError:
     """One line naming the server (libpq's first line has host and port), no password."""
+    return DatabaseUnavailableError(f"{what}: {_detail(exc, dsn)}")
+
+
+def _detail(exc: BaseException, dsn: str | None = None) -> str:
     from ..dsn import redact_text  # here: pglease.dsn imports the store's errors module
 
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    detail = redact_text("; ".join(lines) or "no detail")
-    return DatabaseUnavailableError(f"cannot connect to PostgreSQL: {detail}")
+    return redact_text("; ".join(lines) or "no detail", dsn)
 
 
 def require_migrated(state: MigrationState) -> None:
@@ -97,8 +116,14 @@ def require_migrated(state: MigrationState) -> None:
         raise state.not_migrated_error("the store was opened without auto_migrate")
 
 
-def translate(exc: psycopg.Error) -> PgleaseError | None:
-    """Map an error raised by a pglease SQL function to its Python class."""
+def translate(exc: psycopg.Error, limits: Limits | None = None) -> PgleaseError | None:
+    """Map an error raised by a pglease SQL function to its Python class; None for
+    anything else.
+
+    The store's time limits (55P03, 57014) are mapped only with `limits`, on the
+    store's own calls: other callers of this (the watch hub, fleet acquire)
+    retry or report on the driver's errors and keep seeing those.
+    """
     sqlstate = exc.diag.sqlstate
     message = exc.diag.message_primary or str(exc)
     if sqlstate == _SERIALIZATION_FAILURE:
@@ -110,6 +135,18 @@ def translate(exc: psycopg.Error) -> PgleaseError | None:
             f"{message} (the role model: a client role claims, renews, releases, mutates and"
             " watches; a reader reads; only the schema's owner migrates and prunes)"
         )
+    if limits is not None:
+        if sqlstate == _LOCK_NOT_AVAILABLE:
+            waited = _seconds(limits.lock_timeout, "lock_timeout")
+            return LockTimeoutError(f"resource busy: waited {waited} for its lock ({message})")
+        # 57014 is also an explicit cancel (pg_cancel_backend): only the server's own
+        # statement-timeout message is named as one; other cancels stay DatabaseError.
+        if sqlstate == _QUERY_CANCELED and "statement timeout" in message:
+            limit = _seconds(limits.statement_timeout, "statement_timeout")
+            return StatementTimeoutError(
+                f"statement cancelled after {limit}; nothing was committed ({message})",
+                sqlstate=sqlstate,
+            )
     cls = _ERRORS.get(sqlstate or "")
     if cls is None:
         return None
@@ -117,6 +154,148 @@ def translate(exc: psycopg.Error) -> PgleaseError | None:
         detail = exc.diag.message_detail
         return StaleResourceError(message, actual=int(detail) if detail else None)
     return cls(message)
+
+
+def _seconds(value: float | None, setting: str) -> str:
+    return f"{setting}={value:g} s" if value is not None else setting
+
+
+# Server-side time limits: PostgreSQL takes whole milliseconds up to INT_MAX.
+_MAX_LIMIT_SECONDS = 2_147_483
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A store's waits: server-side statement and lock limits, pool checkout."""
+
+    statement_timeout: float | None
+    lock_timeout: float | None
+    pool_timeout: float
+    max_size: int
+
+    @classmethod
+    def of(
+        cls,
+        statement_timeout: object,
+        lock_timeout: object,
+        pool_timeout: object,
+        max_size: int,
+    ) -> Limits:
+        """Checked limits (ValidationError for negative, NaN, infinite or huge values)."""
+        return cls(
+            _server_limit(statement_timeout, "statement_timeout"),
+            _server_limit(lock_timeout, "lock_timeout"),
+            check_positive_seconds(pool_timeout, "pool_timeout"),
+            max_size,
+        )
+
+    @property
+    def settings(self) -> bytes | None:
+        """The SET statements every store connection runs once (None: nothing to set).
+
+        Plain SETs after connecting, not libpq `options`: PgBouncer refuses
+        startup options it does not know."""
+        sets = [
+            f"SET {name} = {math.ceil(value * 1000)}"
+            for name, value in (
+                ("statement_timeout", self.statement_timeout),
+                ("lock_timeout", self.lock_timeout),
+            )
+            if value is not None
+        ]
+        return "; ".join(sets).encode() if sets else None
+
+    def pool_exhausted(self) -> PoolExhaustedError:
+        return PoolExhaustedError(
+            f"no database connection became free within pool_timeout={self.pool_timeout:g} s"
+            f" (max_size={self.max_size}: all in use, or the server accepts no new ones)"
+        )
+
+
+def _server_limit(value: object, what: str) -> float | None:
+    if value is None:
+        return None
+    # 0 would mean "no limit" to PostgreSQL: ask for None instead of surprising.
+    seconds = check_positive_seconds(value, what)
+    if seconds > _MAX_LIMIT_SECONDS:
+        raise ValidationError(f"{what} must be at most {_MAX_LIMIT_SECONDS} s (or None)")
+    return seconds
+
+
+def connect_kwargs(schema: str) -> dict[str, Any]:
+    """Connection options of every store connection.
+
+    `fallback_application_name` names the store in pg_stat_activity unless the
+    DSN or PGAPPNAME already gives an application_name."""
+    return {"autocommit": True, "fallback_application_name": f"pglease-{schema}"}
+
+
+# Connection trouble the server reports before it hangs up (class 08: connection
+# exception; 57P01-57P03: shutdown, crash, not accepting connections yet).
+_CONNECTION_STATES = ("08", "57P")
+
+
+def driver_error(
+    exc: psycopg.Error, limits: Limits | None = None, dsn: str | None = None
+) -> PgleaseError:
+    """Any driver error as a PgleaseError: pglease's own class, a time limit, a
+    connection problem (DatabaseUnavailableError) or DatabaseError."""
+    if isinstance(exc, PoolTimeout):
+        if limits is not None:
+            return limits.pool_exhausted()
+        return PoolExhaustedError(f"no database connection became free: {_detail(exc, dsn)}")
+    if isinstance(exc, PoolClosed):
+        return StoreClosedError("the store is closed")
+    known = translate(exc, limits)
+    if known is not None:
+        return known
+    sqlstate = exc.diag.sqlstate
+    if isinstance(exc, psycopg.OperationalError) and (
+        sqlstate is None or sqlstate.startswith(_CONNECTION_STATES)
+    ):
+        return unavailable(exc, "connection to PostgreSQL failed", dsn)
+    code = f" {sqlstate}" if sqlstate else ""
+    return DatabaseError(f"PostgreSQL error{code}: {_detail(exc, dsn)}", sqlstate=sqlstate)
+
+
+# pglease's own refusals: the SQL error behind them adds nothing for the caller.
+_OWN_CLASSES = (*_ERRORS.values(), EventOrderError, PermissionDeniedError)
+
+
+def cause_of(error: PgleaseError, exc: psycopg.Error) -> psycopg.Error | None:
+    """The driver error to keep as `__cause__` of `error` (None for pglease's own)."""
+    return None if type(error) in _OWN_CLASSES else exc
+
+
+NOTHING_COMMITTED = "connection to PostgreSQL lost before COMMIT; nothing was committed"
+
+
+def lost(
+    exc: psycopg.Error, dsn: str | None = None, what: str = "connection to PostgreSQL lost"
+) -> DatabaseUnavailableError:
+    """A connection that broke while nothing was committed (or only read)."""
+    return DatabaseUnavailableError(f"{what}: {_detail(exc, dsn)}")
+
+
+def outcome_unknown(
+    exc: psycopg.Error,
+    operation: str,
+    resource_id: str,
+    check: str,
+    dsn: str | None = None,
+    *,
+    owner: Owner | None = None,
+    token: str | None = None,
+) -> CommitOutcomeUnknownError:
+    """A write was sent and then the connection broke: say so, and how to find out."""
+    return CommitOutcomeUnknownError(
+        f"connection to PostgreSQL lost during {operation} of {resource_id}: it may or may"
+        f" not have been committed; {check} ({_detail(exc, dsn)})",
+        operation=operation,
+        resource_id=resource_id,
+        owner=owner,
+        token=token,
+    )
 
 
 class Queries:
@@ -171,6 +350,85 @@ class Queries:
             event_cols + " WHERE e.resource_id = %s AND e.revision > %s"
             " ORDER BY e.revision LIMIT %s"
         )
+
+
+def claim_unknown(
+    resource_id: str, owner: Owner, token: str, ttl: float, dsn: str | None
+) -> Callable[[psycopg.Error], PgleaseError]:
+    def unknown(exc: psycopg.Error) -> PgleaseError:
+        check = (
+            f"read get({resource_id!r}).lease: if it shows {owner.type}:{owner.id} holding it,"
+            " the claim probably committed (renew or release it with this error's `.token`"
+            f" and that generation); a lease taken this way and never renewed runs out after"
+            f" its ttl of {ttl:g} s"
+        )
+        return outcome_unknown(exc, "claim", resource_id, check, dsn, owner=owner, token=token)
+
+    return unknown
+
+
+def renew_unknown(claim: Claim, dsn: str | None) -> Callable[[psycopg.Error], PgleaseError]:
+    def unknown(exc: psycopg.Error) -> PgleaseError:
+        check = (
+            f"read get({claim.resource_id!r}): revision {claim.revision + 1} with generation"
+            f" {claim.generation} held means it committed; otherwise the lease still runs"
+            f" out at {claim.expires_at.isoformat()}"
+        )
+        return outcome_unknown(exc, "renew", claim.resource_id, check, dsn, owner=claim.owner)
+
+    return unknown
+
+
+def release_unknown(claim: Claim, dsn: str | None) -> Callable[[psycopg.Error], PgleaseError]:
+    def unknown(exc: psycopg.Error) -> PgleaseError:
+        check = (
+            f"read get({claim.resource_id!r}).lease: generation {claim.generation} no longer"
+            " held means it is released (or ran out); otherwise release again"
+        )
+        return outcome_unknown(exc, "release", claim.resource_id, check, dsn, owner=claim.owner)
+
+    return unknown
+
+
+def mutate_unknown(
+    exc: psycopg.Error, permit: Permit, event_type: str, dsn: str | None
+) -> CommitOutcomeUnknownError:
+    expected = permit.expected_revision
+    check = (
+        f"read get({permit.resource_id!r}).revision (or its events): the {event_type!r} event"
+        f" at revision {expected + 1} means it committed, revision {expected} that it did not"
+    )
+    owner = permit.lease.owner if permit.lease is not None else None
+    return outcome_unknown(exc, "mutate", permit.resource_id, check, dsn, owner=owner)
+
+
+BEGIN, APPLY, COMMIT = "begin", "apply", "commit"  # the phases of a mutation
+
+
+def mutate_error(
+    exc: psycopg.Error,
+    broken: bool,
+    phase: str,
+    permit: Permit,
+    event_type: str,
+    limits: Limits,
+    dsn: str | None,
+) -> PgleaseError | None:
+    """What a driver error in `mutate` becomes; None: re-raise it unchanged.
+
+    The caller's own SQL in `apply` is theirs: its errors (a UniqueViolation,
+    a syntax error) reach them as psycopg raised them, as any exception of
+    `apply` does. Mapped are the failures pglease causes or must explain: a
+    lost connection, the store's time limits, pglease's own SQLSTATEs.
+    """
+    if broken:
+        if phase == COMMIT:
+            return mutate_unknown(exc, permit, event_type, dsn)
+        # COMMIT was never sent: the server rolls the open transaction back.
+        return lost(exc, dsn, NOTHING_COMMITTED)
+    if phase == APPLY:
+        return translate(exc, limits)
+    return driver_error(exc, limits, dsn)
 
 
 def parse_claim(resource_id: str, owner: Owner, token: str, row: Sequence[Any]) -> Claim | None:

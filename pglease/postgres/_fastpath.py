@@ -9,7 +9,14 @@ with text parameters, the token hash in binary, and a result of a few text
 columns; timestamps come back as integer microseconds so they convert exactly.
 
 The statements are prepared when the server says they do not exist: on a
-connection's first call, after a reconnect, or after a DEALLOCATE ALL.
+connection's first call, after a reconnect, or after a DEALLOCATE ALL. The
+store's session settings (time limits) are applied again with them: a DISCARD
+ALL, which also drops prepared statements, resets those too.
+
+A failure before the call's own statement reached the server (sending it was
+refused, or preparing failed) raises `NotSentError`: such a call certainly did
+nothing and may be retried on another connection. Anything after that is the
+driver's error, and a broken connection then means the outcome is unknown.
 """
 
 from __future__ import annotations
@@ -51,11 +58,26 @@ def _encode(value: Any) -> bytes | None:
     return str(value).encode()
 
 
-class FastPath:
-    """Prepared claim/renew/release for one schema."""
+class NotSentError(Exception):
+    """The call's statement never reached the server; `cause` is the driver's error."""
 
-    def __init__(self, schema: str) -> None:
+    def __init__(self, cause: psycopg.Error) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class FastPath:
+    """Prepared claim/renew/release for one schema.
+
+    `setup` (SET statements) runs before the statements are prepared, and
+    `limits` words the time-limit errors."""
+
+    def __init__(
+        self, schema: str, setup: bytes | None = None, limits: _core.Limits | None = None
+    ) -> None:
         s = f'"{schema}"'
+        self._setup = setup
+        self._limits = limits
         self.statements = {
             CLAIM: f"SELECT claimed, generation, {_MICROS}, revision FROM {s}.claim("
             "$1, $2, $3, $4, $5::float8, $6::bigint, $7::timestamptz)",
@@ -69,25 +91,48 @@ class FastPath:
                          RELEASE: [0, 0, 0, 0, 1, 0, 0]}  # fmt: skip
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
-        for name, text in self.statements.items():
-            result = conn.pgconn.prepare(name, text.encode())
-            if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
-                check_result(conn, result, pq.ExecStatus.COMMAND_OK)
+        try:
+            if self._setup is not None:
+                self._check(conn, conn.pgconn.exec_(self._setup), pq.ExecStatus.COMMAND_OK)
+            for name, text in self.statements.items():
+                result = conn.pgconn.prepare(name, text.encode())
+                if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
+                    self._check(conn, result, pq.ExecStatus.COMMAND_OK)
+        except psycopg.Error as exc:
+            raise NotSentError(exc) from exc
+
+    def _check(
+        self,
+        conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+        result: pq.abc.PGresult,
+        expected: int,
+    ) -> None:
+        check_result(conn, result, expected, self._limits)
 
     def call(self, conn: psycopg.Connection[Any], name: bytes, args: list[Any]) -> list[bytes]:
         """Run one prepared call and return its single row as raw text values."""
         values = [_encode(a) for a in args]
         formats = self._formats[name]
-        # libpq takes NULL parameters as None; the stub does not say so.
-        result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
+        result = self._exec(conn, name, values, formats)
         if result.status != _TUPLES_OK:
             if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
                 # First use on this connection, or psycopg sent DEALLOCATE ALL after
                 # a rollback (e.g. a failed mutate), which drops these statements too.
                 self._prepare(conn)
-                result = conn.pgconn.exec_prepared(name, values, formats)  # type: ignore[arg-type]
-            check_result(conn, result, _TUPLES_OK)
+                result = self._exec(conn, name, values, formats)
+            self._check(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+
+    @staticmethod
+    def _exec(
+        conn: psycopg.Connection[Any], name: bytes, values: list[Any], formats: list[int]
+    ) -> pq.abc.PGresult:
+        try:
+            # libpq takes NULL parameters as None (values is list[Any] for the stub).
+            return conn.pgconn.exec_prepared(name, values, formats)
+        except psycopg.Error as exc:
+            # libpq returned no result at all: it refused to send (no connection).
+            raise NotSentError(exc) from exc
 
 
 class AsyncFastPath(FastPath):
@@ -95,19 +140,29 @@ class AsyncFastPath(FastPath):
     libpq's non-blocking send plus psycopg's own wait (which also cancels the
     query server-side when the task is interrupted)."""
 
-    async def _exec(
+    async def _exec_async(
         self, conn: psycopg.AsyncConnection[Any], name: bytes, values: list[Any], formats: list[int]
     ) -> pq.abc.PGresult:
-        conn.pgconn.send_query_prepared(name, values, formats)
+        try:
+            conn.pgconn.send_query_prepared(name, values, formats)
+        except psycopg.Error as exc:
+            raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
         results: list[pq.abc.PGresult] = await conn.wait(generators.execute(conn.pgconn))
         return results[-1]
 
     async def _prepare_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        for name, text in self.statements.items():
-            conn.pgconn.send_prepare(name, text.encode())
-            result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
-            if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
-                check_result(conn, result, pq.ExecStatus.COMMAND_OK)
+        try:
+            if self._setup is not None:
+                conn.pgconn.send_query(self._setup)
+                result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
+                self._check(conn, result, pq.ExecStatus.COMMAND_OK)
+            for name, text in self.statements.items():
+                conn.pgconn.send_prepare(name, text.encode())
+                result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
+                if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
+                    self._check(conn, result, pq.ExecStatus.COMMAND_OK)
+        except psycopg.Error as exc:
+            raise NotSentError(exc) from exc
 
     async def call_async(
         self, conn: psycopg.AsyncConnection[Any], name: bytes, args: list[Any]
@@ -115,12 +170,12 @@ class AsyncFastPath(FastPath):
         """Asyncio twin of `FastPath.call`."""
         values = [_encode(a) for a in args]
         formats = self._formats[name]
-        result = await self._exec(conn, name, values, formats)
+        result = await self._exec_async(conn, name, values, formats)
         if result.status != _TUPLES_OK:
             if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
                 await self._prepare_async(conn)
-                result = await self._exec(conn, name, values, formats)
-            check_result(conn, result, _TUPLES_OK)
+                result = await self._exec_async(conn, name, values, formats)
+            self._check(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
 
 
@@ -128,7 +183,10 @@ def check_result(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     result: pq.abc.PGresult,
     expected: int,
+    limits: _core.Limits | None = None,
 ) -> None:
+    """Raise for a failed result: pglease's own error class where there is one,
+    else the driver's error (OperationalError when the connection broke)."""
     if result.status == expected:
         return
     if conn.pgconn.status == pq.ConnStatus.BAD:
@@ -137,4 +195,4 @@ def check_result(
             (conn.pgconn.error_message or b"connection lost").decode(errors="replace").strip()
         )
     exc = error_from_result(result, encoding=conn.info.encoding)
-    raise _core.translate(exc) or exc from None
+    raise _core.translate(exc, limits) or exc from None

@@ -11,11 +11,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
 from .. import cursor_check
 from ..dsn import resolve_dsn
-from ..errors import PgleaseError, UnknownResourceError
+from ..errors import (
+    DatabaseUnavailableError,
+    PgleaseError,
+    StoreClosedError,
+    UnknownResourceError,
+)
 from ..migrations import migrate_async, migration_state_async
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import (
@@ -26,7 +32,8 @@ from ..validation import (
 )
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
-from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, from_micros
+from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, NotSentError, from_micros
+from ._reuse import alive, discard
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -40,7 +47,9 @@ AsyncApply = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
 class AsyncPostgresStore:
     """Asyncio lease store. Open with ``await AsyncPostgresStore.open(dsn)``
-    or ``async with AsyncPostgresStore(dsn) as store``."""
+    or ``async with AsyncPostgresStore(dsn) as store``.
+
+    Same options, time limits and errors as `PostgresStore`."""
 
     def __init__(
         self,
@@ -51,12 +60,16 @@ class AsyncPostgresStore:
         max_size: int = 16,
         auto_migrate: bool = True,
         connect_timeout: float = 10.0,
+        statement_timeout: float | None = 30.0,
+        lock_timeout: float | None = 10.0,
+        pool_timeout: float = 30.0,
     ) -> None:
         self.schema = check_schema_name(schema)
         connect_timeout = check_positive_seconds(connect_timeout, "connect_timeout")
+        self._limits = _core.Limits.of(statement_timeout, lock_timeout, pool_timeout, max_size)
         self._dsn = dsn
         self._q = Queries(schema)
-        self._fast = AsyncFastPath(schema)
+        self._fast = AsyncFastPath(schema, self._limits.settings, self._limits)
         self._min_size = min_size
         self._max_size = max_size
         self._auto_migrate = auto_migrate
@@ -73,28 +86,110 @@ class AsyncPostgresStore:
         if self._pool is not None:
             return
         # Starting the embedded server blocks for about a second: keep the loop free.
-        self.dsn = await asyncio.to_thread(resolve_dsn, self._dsn)
+        dsn = await asyncio.to_thread(resolve_dsn, self._dsn)
+        self.dsn = dsn
+        kwargs = _core.connect_kwargs(self.schema)
+        # Migrations run without the time limits: they wait for each other on purpose.
         try:
             conn = await psycopg.AsyncConnection.connect(
-                self.dsn, autocommit=True, connect_timeout=math.ceil(self._connect_timeout)
+                dsn, connect_timeout=math.ceil(self._connect_timeout), **kwargs
             )
         except psycopg.OperationalError as exc:
-            raise _core.unavailable(exc) from exc
-        async with conn:
-            if self._auto_migrate:
-                await migrate_async(conn, self.schema)
-            else:
-                _core.require_migrated(await migration_state_async(conn, self.schema))
+            raise _core.unavailable(exc, dsn=dsn) from exc
+        try:
+            async with conn:
+                if self._auto_migrate:
+                    await migrate_async(conn, self.schema)
+                else:
+                    _core.require_migrated(await migration_state_async(conn, self.schema))
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
-            self.dsn,
+            dsn,
             min_size=self._min_size,
             max_size=self._max_size,
-            kwargs={"autocommit": True},
+            kwargs=kwargs,
+            configure=self._configure,
+            timeout=self._limits.pool_timeout,
             open=False,
             name=f"pglease-{self.schema}",
         )
-        await pool.open(wait=True, timeout=self._connect_timeout)
+        try:
+            await pool.open(wait=True, timeout=self._connect_timeout)
+        except BaseException as exc:
+            await pool.close()  # stop its workers; the caller gets the error
+            if isinstance(exc, psycopg.Error):
+                raise _core.unavailable(exc, "cannot open the connection pool", dsn) from exc
+            raise
         self._pool = pool
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Set the time limits once per connection (the pool calls this on connect)."""
+        if (settings := self._limits.settings) is not None:
+            await conn.execute(settings)
+
+    def _error(self, exc: psycopg.Error) -> PgleaseError:
+        return _core.driver_error(exc, self._limits, self.dsn)
+
+    async def _take(self) -> psycopg.AsyncConnection[Any]:
+        """A live connection (see `_reuse.alive`); pool errors as PgleaseErrors."""
+        pool = self.pool
+        # Every dead one is dropped, so the pool runs out of them; the bound only
+        # stops a server that kills each new connection at once.
+        for _ in range(2 * self._max_size + 2):
+            try:
+                conn = await pool.getconn()
+            except psycopg.Error as exc:
+                raise self._error(exc) from exc
+            if alive(conn):
+                return conn
+            discard(conn)
+            await pool.putconn(conn)
+        raise DatabaseUnavailableError(
+            "connection to PostgreSQL failed: every connection tried had been closed by the server"
+        )
+
+    async def _read(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+        """Run a read (or an idempotent write) once more on a fresh connection when
+        the connection breaks under it: running it twice is harmless."""
+        for attempt in (1, 2):
+            conn = await self._take()
+            try:
+                return await fn(conn)
+            except psycopg.Error as exc:
+                broken = conn.broken
+                if broken and attempt == 1:
+                    continue
+                if broken:
+                    raise _core.lost(exc, self.dsn) from exc
+                error = self._error(exc)
+                raise error from _core.cause_of(error, exc)
+            finally:
+                await self.pool.putconn(conn)
+        raise AssertionError("unreachable")
+
+    async def _write(
+        self, name: bytes, args: list[Any], unknown: Callable[[psycopg.Error], PgleaseError]
+    ) -> list[bytes]:
+        """One fast-path write. Retried once only when it certainly never ran; a
+        connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
+        for attempt in (1, 2):
+            conn = await self._take()
+            try:
+                return await self._fast.call_async(conn, name, args)
+            except NotSentError as exc:
+                if conn.broken and attempt == 1:
+                    continue
+                error = self._error(exc.cause)
+                raise error from _core.cause_of(error, exc.cause)
+            except psycopg.Error as exc:
+                if conn.broken:
+                    raise unknown(exc) from exc
+                error = self._error(exc)
+                raise error from _core.cause_of(error, exc)
+            finally:
+                await self.pool.putconn(conn)
+        raise AssertionError("unreachable")
 
     async def __aenter__(self) -> AsyncPostgresStore:
         await self._open()
@@ -111,28 +206,52 @@ class AsyncPostgresStore:
     @property
     def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         if self._pool is None:
-            raise PgleaseError("the store is not open (use `await AsyncPostgresStore.open()`)")
+            raise StoreClosedError("the store is not open (use `await AsyncPostgresStore.open()`)")
         return self._pool
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """Borrow an autocommit connection from the store's pool."""
-        async with self.pool.connection() as conn:
+        """Borrow a live autocommit connection from the store's pool.
+
+        This is the driver's own connection: errors of the SQL run on it, and of
+        checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
+        """
+        pool = self.pool
+        for _ in range(2 * self._max_size + 2):
+            conn = await pool.getconn()
+            if alive(conn):
+                break
+            discard(conn)
+            await pool.putconn(conn)
+        else:
+            raise psycopg.OperationalError("every connection tried had been closed by the server")
+        try:
             yield conn
+        finally:
+            await pool.putconn(conn)
 
     async def _one(self, query: bytes, args: list[Any]) -> tuple[Any, ...]:
-        async with self.pool.connection() as conn:
-            try:
-                cur = await conn.execute(query, args)
-                row = await cur.fetchone()
-            except psycopg.Error as exc:
-                raise _core.translate(exc) or exc from None
+        async def read(conn: psycopg.AsyncConnection[Any]) -> Any:
+            return await (await conn.execute(query, args)).fetchone()
+
+        row = await self._read(read)
         assert row is not None
         return tuple(row)
 
     async def migrate(self) -> list[str]:
-        async with self.pool.connection() as conn:
-            return [m.label for m in await migrate_async(conn, self.schema)]
+        async def run(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+            # Migrators queue on each other's lock and may run long: no limits.
+            await conn.execute(b"SET statement_timeout = 0; SET lock_timeout = 0")
+            try:
+                return [m.label for m in await migrate_async(conn, self.schema)]
+            finally:
+                if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                    await conn.execute(b"RESET statement_timeout; RESET lock_timeout")
+                    await self._configure(conn)
+                else:
+                    discard(conn)  # never reuse it without its limits
+
+        return await self._read(run)  # migrating is idempotent
 
     async def ensure_resource(self, resource_type: str, key: str) -> str:
         row = await self._one(self._q.ensure, list(_core.ensure_args(resource_type, key)))
@@ -149,9 +268,8 @@ class AsyncPostgresStore:
     ) -> Claim | None:
         """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
-        async with self.pool.connection() as conn:
-            row = await self._fast.call_async(conn, CLAIM, args)
-        claimed, generation, expires_at, revision = row
+        unknown = _core.claim_unknown(resource_id, owner, token, ttl, self.dsn)
+        claimed, generation, expires_at, revision = await self._write(CLAIM, args, unknown)
         if claimed != b"t":
             return None
         return Claim(
@@ -168,8 +286,8 @@ class AsyncPostgresStore:
     ) -> Claim:
         """Extend a current, unexpired lease; return the updated claim."""
         args = _core.renew_args(claim, ttl, expected_revision, now)
-        async with self.pool.connection() as conn:
-            expires_at, revision = await self._fast.call_async(conn, RENEW, args)
+        unknown = _core.renew_unknown(claim, self.dsn)
+        expires_at, revision = await self._write(RENEW, args, unknown)
         return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
     async def release(
@@ -177,8 +295,7 @@ class AsyncPostgresStore:
     ) -> int:
         """Give up a current lease (expired or not); return the new revision."""
         args = _core.release_args(claim, expected_revision, now)
-        async with self.pool.connection() as conn:
-            (revision,) = await self._fast.call_async(conn, RELEASE, args)
+        (revision,) = await self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
         return int(revision)
 
     async def mutate(
@@ -191,33 +308,37 @@ class AsyncPostgresStore:
         actor: Owner | None = None,
         now: datetime | None = None,
     ) -> MutationResult:
+        """See `PostgresStore.mutate`: `apply` runs once; what it raises, its SQL's
+        own errors too, propagates unchanged; what pglease causes is mapped."""
         args = _core.mutate_args(permit, event_type, payload, actor, now)
-        async with self.pool.connection() as conn:
-            try:
-                async with conn.transaction():
-                    try:
-                        cur = await conn.execute(self._q.mutate_begin, args)
-                        row = await cur.fetchone()
-                    except psycopg.Error as exc:
-                        raise _core.translate(exc) or exc from None
-                    assert row is not None
-                    value = await apply(conn) if apply is not None else None
-            except psycopg.Error as exc:
-                # At COMMIT: the fence refuses a lease that expired meanwhile.
-                mapped = _core.translate(exc)
-                if mapped is None:
-                    raise
-                raise mapped from None
+        conn = await self._take()
+        phase = _core.BEGIN
+        try:
+            async with conn.transaction():
+                row = await (await conn.execute(self._q.mutate_begin, args)).fetchone()
+                assert row is not None
+                phase = _core.APPLY
+                value = await apply(conn) if apply is not None else None
+                phase = _core.COMMIT  # leaving the block sends COMMIT
+        except psycopg.Error as exc:
+            error = _core.mutate_error(
+                exc, conn.broken, phase, permit, event_type, self._limits, self.dsn
+            )
+            if error is None:
+                raise
+            raise error from _core.cause_of(error, exc)
+        finally:
+            await self.pool.putconn(conn)
         return MutationResult(permit.resource_id, row[0], row[1], value)
 
     async def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
         check_resource_id(resource_id)
-        async with self.pool.connection() as conn:
-            try:
-                cur = await conn.execute(self._q.get, [_core.check_now(now), resource_id])
-            except psycopg.Error as exc:
-                raise _core.translate(exc) or exc from None
-            row = await cur.fetchone()
+        args: list[Any] = [_core.check_now(now), resource_id]
+
+        async def read(conn: psycopg.AsyncConnection[Any]) -> Any:
+            return await (await conn.execute(self._q.get, args)).fetchone()
+
+        row = await self._read(read)
         if row is None:
             raise UnknownResourceError(f"unknown resource {resource_id}")
         return _core.parse_resource(row)
@@ -228,34 +349,39 @@ class AsyncPostgresStore:
         now = _core.check_now(now)
         if resource_type is not None:
             check_resource_type(resource_type)
-        async with self.pool.connection() as conn:
-            try:
-                if resource_type is None:
-                    cur = await conn.execute(self._q.list_all, [now])
-                else:
-                    cur = await conn.execute(self._q.list_type, [now, resource_type])
-            except psycopg.Error as exc:
-                raise _core.translate(exc) or exc from None
-            rows = await cur.fetchall()
-        return [_core.parse_resource(r) for r in rows]
+        args: list[Any]
+        if resource_type is None:
+            query, args = self._q.list_all, [now]
+        else:
+            query, args = self._q.list_type, [now, resource_type]
+
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
+            return await (await conn.execute(query, args)).fetchall()
+
+        return [_core.parse_resource(r) for r in await self._read(read)]
 
     async def events(
         self, resource_id: str, after_revision: int = 0, limit: int = 1000
     ) -> list[Event]:
         args = _core.events_of_args(resource_id, after_revision, limit)
-        async with self.pool.connection() as conn:
+
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
             rows = await (await conn.execute(self._q.events_of, args)).fetchall()
             if not rows:
                 cur = await conn.execute(self._q.resource_exists, [resource_id])
                 if await cur.fetchone() is None:
                     raise UnknownResourceError(f"unknown resource {resource_id}")
-        return [_core.parse_event(r) for r in rows]
+            return rows
+
+        return [_core.parse_event(r) for r in await self._read(read)]
 
     async def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
         read = cursor_check.pg_events_after(self.schema, cursor, limit)
-        async with self.pool.connection() as conn:
-            rows = await (await conn.execute(read.query, read.args)).fetchall()
-        return read.events(rows)
+
+        async def fetch(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
+            return await (await conn.execute(read.query, read.args)).fetchall()
+
+        return read.events(await self._read(fetch))
 
     # --- fleet runtime (see pglease.fleet) -------------------------------------------
 

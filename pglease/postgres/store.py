@@ -10,11 +10,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from .. import cursor_check
 from ..dsn import resolve_dsn
-from ..errors import UnknownResourceError
+from ..errors import PgleaseError, UnknownResourceError
 from ..migrations import migrate, migration_state
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import (
@@ -25,8 +26,8 @@ from ..validation import (
 )
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
-from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, from_micros
-from ._reuse import ConnectionStack
+from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, NotSentError, from_micros
+from ._reuse import ConnectionStack, discard
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -44,6 +45,11 @@ class PostgresStore:
     Connections come from a psycopg-pool in autocommit mode and are reused
     LIFO; claim, renew and release are one prepared-statement round trip each.
     Close the store (or use it as a context manager) to close the pool.
+
+    Every wait is bounded: `statement_timeout` and `lock_timeout` (seconds, or
+    None to leave the server's setting) are set on each connection, and
+    `pool_timeout` bounds the wait for a free connection. No driver error
+    escapes the lease API: see README "Errors".
     """
 
     def __init__(
@@ -55,38 +61,107 @@ class PostgresStore:
         max_size: int = 16,
         auto_migrate: bool = True,
         connect_timeout: float = 10.0,
+        statement_timeout: float | None = 30.0,
+        lock_timeout: float | None = 10.0,
+        pool_timeout: float = 30.0,
     ) -> None:
         self.schema = check_schema_name(schema)
         connect_timeout = check_positive_seconds(connect_timeout, "connect_timeout")
+        self._limits = _core.Limits.of(statement_timeout, lock_timeout, pool_timeout, max_size)
         self.dsn = resolve_dsn(dsn)
         self._q = Queries(schema)
-        self._fast = FastPath(schema)
+        self._fast = FastPath(schema, self._limits.settings, self._limits)
+        kwargs = _core.connect_kwargs(schema)
         # One direct connection first: a bad DSN or a down server fails fast with
-        # one clear error instead of a pool retrying in the background.
+        # one clear error instead of a pool retrying in the background. Migrations
+        # run without the time limits: they wait for each other on purpose.
         try:
             with psycopg.connect(
-                self.dsn, autocommit=True, connect_timeout=math.ceil(connect_timeout)
+                self.dsn, connect_timeout=math.ceil(connect_timeout), **kwargs
             ) as conn:
                 if auto_migrate:
                     migrate(conn, self.schema)
                 else:
                     _core.require_migrated(migration_state(conn, self.schema))
         except psycopg.OperationalError as exc:
-            raise _core.unavailable(exc) from exc
+            raise _core.unavailable(exc, dsn=self.dsn) from exc
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self.dsn,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True},
+            kwargs=kwargs,
+            configure=self._configure,
+            timeout=self._limits.pool_timeout,
             open=False,
             name=f"pglease-{schema}",
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
-        except BaseException:
+        except BaseException as exc:
             self._pool.close()  # stop its worker threads; the caller gets the error
+            if isinstance(exc, psycopg.Error):
+                raise _core.unavailable(exc, "cannot open the connection pool", self.dsn) from exc
             raise
         self._conns = ConnectionStack(self._pool)
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Set the time limits once per connection (the pool calls this on connect)."""
+        if (settings := self._limits.settings) is not None:
+            conn.execute(settings)
+
+    def _error(self, exc: psycopg.Error) -> PgleaseError:
+        return _core.driver_error(exc, self._limits, self.dsn)
+
+    def _take(self) -> psycopg.Connection[Any]:
+        """A live connection; the pool's errors as PgleaseErrors (nothing was sent)."""
+        try:
+            return self._conns.take()
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+
+    def _read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run a read (or an idempotent write) once more on a fresh connection when
+        the connection breaks under it: running it twice is harmless."""
+        for attempt in (1, 2):
+            conn = self._take()
+            try:
+                return fn(conn)
+            except psycopg.Error as exc:
+                broken = conn.broken
+                if broken and attempt == 1:
+                    continue
+                if broken:
+                    raise _core.lost(exc, self.dsn) from exc
+                error = self._error(exc)
+                raise error from _core.cause_of(error, exc)
+            finally:
+                self._conns.give_back(conn)
+        raise AssertionError("unreachable")
+
+    def _write(
+        self, name: bytes, args: list[Any], unknown: Callable[[psycopg.Error], PgleaseError]
+    ) -> list[bytes]:
+        """One fast-path write. Retried once only when it certainly never ran; a
+        connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
+        for attempt in (1, 2):
+            conn = self._take()
+            try:
+                return self._fast.call(conn, name, args)
+            except NotSentError as exc:
+                if conn.broken and attempt == 1:
+                    continue
+                error = self._error(exc.cause)
+                raise error from _core.cause_of(error, exc.cause)
+            except psycopg.Error as exc:
+                if conn.broken:
+                    raise unknown(exc) from exc
+                error = self._error(exc)
+                raise error from _core.cause_of(error, exc)
+            finally:
+                self._conns.give_back(conn)
+        raise AssertionError("unreachable")
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -100,23 +175,35 @@ class PostgresStore:
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """Borrow an autocommit connection from the store's pool."""
+        """Borrow a live autocommit connection from the store's pool.
+
+        This is the driver's own connection: errors of the SQL run on it, and of
+        checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
+        """
         with self._conns.borrow() as conn:
             yield conn
 
     def _one(self, query: bytes, args: list[Any]) -> tuple[Any, ...]:
-        with self._conns.borrow() as conn:
-            try:
-                row = conn.execute(query, args).fetchone()
-            except psycopg.Error as exc:
-                raise _core.translate(exc) or exc from None
+        row = self._read(lambda conn: conn.execute(query, args).fetchone())
         assert row is not None
         return tuple(row)
 
     def migrate(self) -> list[str]:
         """Apply pending migrations; return the names of those applied."""
-        with self._conns.borrow() as conn:
-            return [m.label for m in migrate(conn, self.schema)]
+
+        def run(conn: psycopg.Connection[Any]) -> list[str]:
+            # Migrators queue on each other's lock and may run long: no limits.
+            conn.execute(b"SET statement_timeout = 0; SET lock_timeout = 0")
+            try:
+                return [m.label for m in migrate(conn, self.schema)]
+            finally:
+                if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                    conn.execute(b"RESET statement_timeout; RESET lock_timeout")
+                    self._configure(conn)
+                else:
+                    discard(conn)  # never reuse it without its limits
+
+        return self._read(run)  # migrating is idempotent
 
     def ensure_resource(self, resource_type: str, key: str) -> str:
         """Create the resource if needed and return its deterministic id (no event)."""
@@ -133,11 +220,8 @@ class PostgresStore:
     ) -> Claim | None:
         """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
-        conn = self._conns.take()
-        try:
-            claimed, generation, expires_at, revision = self._fast.call(conn, CLAIM, args)
-        finally:
-            self._conns.give_back(conn)
+        unknown = _core.claim_unknown(resource_id, owner, token, ttl, self.dsn)
+        claimed, generation, expires_at, revision = self._write(CLAIM, args, unknown)
         if claimed != b"t":
             return None
         return Claim(
@@ -154,11 +238,8 @@ class PostgresStore:
     ) -> Claim:
         """Extend a current, unexpired lease; return the updated claim."""
         args = _core.renew_args(claim, ttl, expected_revision, now)
-        conn = self._conns.take()
-        try:
-            expires_at, revision = self._fast.call(conn, RENEW, args)
-        finally:
-            self._conns.give_back(conn)
+        unknown = _core.renew_unknown(claim, self.dsn)
+        expires_at, revision = self._write(RENEW, args, unknown)
         return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
     def release(
@@ -166,11 +247,7 @@ class PostgresStore:
     ) -> int:
         """Give up a current lease (expired or not); return the new revision."""
         args = _core.release_args(claim, expected_revision, now)
-        conn = self._conns.take()
-        try:
-            (revision,) = self._fast.call(conn, RELEASE, args)
-        finally:
-            self._conns.give_back(conn)
+        (revision,) = self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
         return int(revision)
 
     def mutate(
@@ -186,34 +263,38 @@ class PostgresStore:
         """Check the permit, run `apply(conn)` and append the event, all in one transaction.
 
         Any exception (a stale permit, a lost lease, or one raised by `apply`)
-        rolls everything back: no revision bump, no event, no payload.
+        rolls everything back: no revision bump, no event, no payload. What
+        `apply` raises propagates unchanged, its SQL's own errors too (say a
+        UniqueViolation); only what pglease causes is mapped: a lost connection,
+        the store's time limits, pglease's SQLSTATEs. Never retried: `apply`
+        runs once.
         """
         args = _core.mutate_args(permit, event_type, payload, actor, now)
-        with self._conns.borrow() as conn:
-            try:
-                with conn.transaction():
-                    try:
-                        row = conn.execute(self._q.mutate_begin, args).fetchone()
-                    except psycopg.Error as exc:
-                        raise _core.translate(exc) or exc from None
-                    assert row is not None
-                    value = apply(conn) if apply is not None else None
-            except psycopg.Error as exc:
-                # At COMMIT: the fence refuses a lease that expired meanwhile.
-                mapped = _core.translate(exc)
-                if mapped is None:
-                    raise
-                raise mapped from None
+        conn = self._take()
+        phase = _core.BEGIN
+        try:
+            with conn.transaction():
+                row = conn.execute(self._q.mutate_begin, args).fetchone()
+                assert row is not None
+                phase = _core.APPLY
+                value = apply(conn) if apply is not None else None
+                phase = _core.COMMIT  # leaving the block sends COMMIT
+        except psycopg.Error as exc:
+            error = _core.mutate_error(
+                exc, conn.broken, phase, permit, event_type, self._limits, self.dsn
+            )
+            if error is None:
+                raise
+            raise error from _core.cause_of(error, exc)
+        finally:
+            self._conns.give_back(conn)
         return MutationResult(permit.resource_id, row[0], row[1], value)
 
     def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
         """The resource with its lease state, judged by the database clock (or `now`)."""
         check_resource_id(resource_id)
-        with self._conns.borrow() as conn:
-            try:
-                row = conn.execute(self._q.get, [_core.check_now(now), resource_id]).fetchone()
-            except psycopg.Error as exc:
-                raise _core.translate(exc) or exc from None
+        args: list[Any] = [_core.check_now(now), resource_id]
+        row = self._read(lambda conn: conn.execute(self._q.get, args).fetchone())
         if row is None:
             raise UnknownResourceError(f"unknown resource {resource_id}")
         return _core.parse_resource(row)
@@ -224,24 +305,25 @@ class PostgresStore:
         now = _core.check_now(now)
         if resource_type is not None:
             check_resource_type(resource_type)
-        with self._conns.borrow() as conn:
-            try:
-                if resource_type is None:
-                    rows = conn.execute(self._q.list_all, [now]).fetchall()
-                else:
-                    rows = conn.execute(self._q.list_type, [now, resource_type]).fetchall()
-            except psycopg.Error as exc:
-                raise _core.translate(exc) or exc from None
+        args: list[Any]
+        if resource_type is None:
+            query, args = self._q.list_all, [now]
+        else:
+            query, args = self._q.list_type, [now, resource_type]
+        rows = self._read(lambda conn: conn.execute(query, args).fetchall())
         return [_core.parse_resource(r) for r in rows]
 
     def events(self, resource_id: str, after_revision: int = 0, limit: int = 1000) -> list[Event]:
         """A resource's events in revision order, after `after_revision`."""
         args = _core.events_of_args(resource_id, after_revision, limit)
-        with self._conns.borrow() as conn:
+
+        def read(conn: psycopg.Connection[Any]) -> list[Any]:
             rows = conn.execute(self._q.events_of, args).fetchall()
             if not rows and not conn.execute(self._q.resource_exists, [resource_id]).fetchone():
                 raise UnknownResourceError(f"unknown resource {resource_id}")
-        return [_core.parse_event(r) for r in rows]
+            return rows
+
+        return [_core.parse_event(r) for r in self._read(read)]
 
     def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
         """Committed events after `cursor` (None or "start": from the beginning).
@@ -251,8 +333,7 @@ class PostgresStore:
         """
         # The cursor is checked against this log in the same statement (cursor_check).
         read = cursor_check.pg_events_after(self.schema, cursor, limit)
-        with self._conns.borrow() as conn:
-            rows = conn.execute(read.query, read.args).fetchall()
+        rows = self._read(lambda conn: conn.execute(read.query, read.args).fetchall())
         return read.events(rows)
 
     # --- fleet runtime (see pglease.fleet) -------------------------------------------
