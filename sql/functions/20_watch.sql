@@ -100,26 +100,39 @@ END $$;
 -- writer it takes the resource's queue lock before its first write (so before
 -- it has an xid), but it never waits: a resource a writer is busy with is left
 -- to the next pass, and that writer, if it takes over, records the expiry
--- itself (claim). Candidates are taken in resource order after p_after, so a
--- caller looping with the last returned resource visits each at most once per
--- pass. Returns (NULL, false) when there is no candidate left.
+-- itself (claim).
+--
+-- Candidates come from the partial index leases_to_reap (sql/0012) in
+-- (expires_at, resource_id) order, after the position of p_after (the
+-- resource the previous call returned; '' to start): an idle pass reads one
+-- index page whatever the table's size, and a pass visits each candidate at
+-- most once. (If p_after was taken over meanwhile its position moved on, and
+-- candidates before the new one wait for the next pass.) Returns (NULL,
+-- false) when there is no candidate left.
 CREATE OR REPLACE FUNCTION @schema@.reap_next(
     p_after text, OUT lease_resource text, OUT reaped boolean)
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l @schema@.leases%ROWTYPE;
-    v_now timestamptz;
+    v_now timestamptz := clock_timestamp();
+    v_after_expires timestamptz := '-infinity';
 BEGIN
     IF p_after IS NULL THEN
-        RAISE EXCEPTION 'p_after must not be NULL (use '''' to start)' USING ERRCODE = 'PGL20';
+        RAISE EXCEPTION 'p_after must not be NULL (use an empty string to start)'
+            USING ERRCODE = 'PGL20';
     END IF;
     reaped := false;
+    IF p_after <> '' THEN
+        SELECT coalesce(c.expires_at, '-infinity') INTO v_after_expires
+          FROM @schema@.leases c WHERE c.resource_id = p_after;
+    END IF;
+    -- The predicate repeats the index's, so the planner can use it.
     SELECT c.resource_id INTO lease_resource FROM @schema@.leases c
-     WHERE c.owner_id IS NOT NULL AND c.expires_at <= clock_timestamp()
-       AND c.expired_generation IS DISTINCT FROM c.generation
-       AND c.resource_id > p_after
-     ORDER BY c.resource_id LIMIT 1;
+     WHERE c.owner_id IS NOT NULL AND c.expired_generation IS DISTINCT FROM c.generation
+       AND c.expires_at <= v_now
+       AND (c.expires_at, c.resource_id) > (coalesce(v_after_expires, '-infinity'), p_after)
+     ORDER BY c.expires_at, c.resource_id LIMIT 1;
     IF lease_resource IS NULL
        OR NOT pg_try_advisory_xact_lock(hashtextextended(lease_resource, hashtext('@schema@'))) THEN
         RETURN;
