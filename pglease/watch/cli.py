@@ -217,8 +217,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             if would is not None:
                 return _print_dry_run(args, would, longest, too_young, as_json)
             if too_young and not args.force:
-                # An event younger than a live lease's length may be the claim or
-                # renewal that lease's holder and watchers still rely on.
+                # So short an age deletes the claim or renewal events of leases
+                # still running: more often a typo (1m for 1h) than a plan.
                 return fail(
                     f"--older-than {args.older_than:g}s is shorter than the longest TTL in use"
                     f" ({longest:g}s, a held lease); pass --force to prune anyway",
