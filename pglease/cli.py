@@ -228,13 +228,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
             expiring_within=args.expiring_within, page_size=args.page_size, limit=args.limit,
         )  # fmt: skip
         if args.json:
-            _ls_json(listed)
+            _ls_json(listed, args.page_size)
         else:
-            _ls_table(listed)
+            _ls_table(listed, args.page_size)
     return EXIT_OK
 
 
-def _ls_json(listed: Iterator[Listed]) -> None:
+def _ls_json(listed: Iterator[Listed], page_size: int) -> None:
     # One JSON array, as before paging, written row by row: memory stays one
     # page however long the list, and the output still parses as a whole.
     out = sys.stdout
@@ -242,13 +242,13 @@ def _ls_json(listed: Iterator[Listed]) -> None:
     for n, item in enumerate(listed):
         row = to_jsonable(_resource_row(item.state, item.now))
         out.write(("" if n == 0 else ",\n") + json.dumps(row, sort_keys=True))
-        if n % LS_PAGE_SIZE == 0:
-            out.flush()
+        if (n + 1) % page_size == 0:
+            out.flush()  # a page is out before the next one is read
     out.write("]\n")
     out.flush()
 
 
-def _ls_table(listed: Iterator[Listed]) -> None:
+def _ls_table(listed: Iterator[Listed], page_size: int) -> None:
     print(f"{'TYPE':<14} {'KEY':<32} {'REV':>6} {'GEN':>5} {'HOLDER':<28} TIME LEFT", flush=True)
     for n, item in enumerate(listed, 1):
         r = _resource_row(item.state, item.now)
@@ -256,8 +256,8 @@ def _ls_table(listed: Iterator[Listed]) -> None:
             f"{r['type']!s:<14} {r['key']!s:<32} {r['revision']!s:>6} {r['generation']!s:>5}"
             f" {r['holder'] or '-'!s:<28} {r['time_left'] or '-'}"
         )
-        if n % LS_PAGE_SIZE == 0:
-            sys.stdout.flush()
+        if n % page_size == 0:
+            sys.stdout.flush()  # a page is out before the next one is read
 
 
 def _payload_text(payload: object) -> str:
