@@ -1,5 +1,8 @@
 """pglease: PostgreSQL-backed leases with fencing generations and a durable event log."""
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
+
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
 from .ids import resource_id
@@ -7,6 +10,11 @@ from .payloads import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, RawPayload
 from .postgres import AsyncPostgresStore, PostgresStore
 from .sqlite import AsyncSqliteStore, SqliteStore
 from .types import Claim, Event, LeaseState, MutationResult, Owner, Permit, ResourceState
+
+try:
+    __version__: str = _version("pglease")
+except _PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0.1.0"
 
 __all__ = [
     "AsyncPostgresStore",
@@ -23,6 +31,7 @@ __all__ = [
     "RawPayload",
     "ResourceState",
     "SqliteStore",
+    "__version__",
     "resource_id",
     *_errors_all,
 ]

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
+from typing import Any
 
 import psycopg
 import psycopg.errors
+from psycopg import sql
 
+from . import __version__
 from .cli_support import (
     EXIT_ERROR,
     EXIT_HELD,
@@ -31,10 +35,13 @@ from .cli_support import (
     print_json,
     read_token,
     resolve_connection,
+    to_jsonable,
 )
-from .dsn import redact_text
+from .dsn import redact_dsn, redact_text
+from .durations import duration_arg
 from .errors import (
     LeaseLostError,
+    MigrationError,
     PgleaseError,
     StaleResourceError,
     UnknownResourceError,
@@ -42,11 +49,14 @@ from .errors import (
 )
 from .fleet import cli as fleet_cli
 from .ids import resource_id
+from .listing import Listed, fetch_resource, iter_resources
+from .payloads import RawPayload
 from .postgres import PostgresStore
 from .sessions import cli as sessions_cli
 from .types import Claim, Event, ResourceState
 from .validation import check_optional_revision, check_ttl
 from .watch import cli as watch_cli
+from .watch._core import channel_name
 
 
 def _time_left(expires_at: datetime | None, now: datetime) -> str:
@@ -204,26 +214,135 @@ def _resource_row(state: ResourceState, now: datetime) -> dict[str, object]:
     }
 
 
+#: Rows per keyset page of `ls`: the first line appears after one page's read.
+LS_PAGE_SIZE = 1000
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
+    if args.free and (args.owner is not None or args.expiring_within is not None):
+        return fail("--free cannot be combined with --owner or --expiring-within", EXIT_USAGE)
+    held = True if args.held else False if args.free else None
     with open_store(args, read_only=True) as store:
-        now = _db_now(store)
-        rows = [_resource_row(s, now) for s in store.list_resources(args.type)]
-    if args.json:
-        print_json(rows)
-        return EXIT_OK
-    print(f"{'TYPE':<14} {'KEY':<32} {'REV':>6} {'GEN':>5} {'HOLDER':<28} TIME LEFT")
-    for r in rows:
+        listed = iter_resources(
+            store, args.schema, resource_type=args.type, held=held, owner=args.owner,
+            expiring_within=args.expiring_within, page_size=args.page_size, limit=args.limit,
+        )  # fmt: skip
+        if args.json:
+            _ls_json(listed, args.page_size)
+        else:
+            _ls_table(listed, args.page_size)
+    return EXIT_OK
+
+
+def _ls_json(listed: Iterator[Listed], page_size: int) -> None:
+    # One JSON array, as before paging, written row by row: memory stays one
+    # page however long the list, and the output still parses as a whole.
+    out = sys.stdout
+    out.write("[")
+    for n, item in enumerate(listed):
+        row = to_jsonable(_resource_row(item.state, item.now))
+        out.write(("" if n == 0 else ",\n") + json.dumps(row, sort_keys=True))
+        if (n + 1) % page_size == 0:
+            out.flush()  # a page is out before the next one is read
+    out.write("]\n")
+    out.flush()
+
+
+def _ls_table(listed: Iterator[Listed], page_size: int) -> None:
+    print(f"{'TYPE':<14} {'KEY':<32} {'REV':>6} {'GEN':>5} {'HOLDER':<28} TIME LEFT", flush=True)
+    for n, item in enumerate(listed, 1):
+        r = _resource_row(item.state, item.now)
         print(
             f"{r['type']!s:<14} {r['key']!s:<32} {r['revision']!s:>6} {r['generation']!s:>5}"
             f" {r['holder'] or '-'!s:<28} {r['time_left'] or '-'}"
         )
+        if n % page_size == 0:
+            sys.stdout.flush()  # a page is out before the next one is read
+
+
+def _payload_text(payload: object) -> str:
+    """A payload as JSON text (canonical: sorted keys, no spaces), never a Python repr."""
+    if isinstance(payload, RawPayload):
+        return payload.text  # the stored JSON exactly; it could not be decoded
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _event_view(e: Event) -> dict[str, object]:
+    return {
+        "type": e.type,
+        "revision": e.revision,
+        "created_at": e.created_at.isoformat(),
+        "actor": str(e.actor) if e.actor else None,
+        "generation": e.lease_generation,
+        "payload": e.payload,
+    }
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    rid = resource_id(args.type, args.key)  # computed, never created: reading must not write
+    with open_store(args, read_only=True) as store, store.connection() as conn:
+        found = fetch_resource(conn, args.schema, rid)
+    if found is None:
+        raise UnknownResourceError(
+            f"unknown resource {args.type}/{args.key} (nothing was ever claimed there)"
+        )
+    item, last = found
+    state, lease = item.state, item.state.lease
+    view: dict[str, object] = {
+        "id": state.id,
+        "type": state.type,
+        "key": state.key,
+        "revision": state.revision,
+        "created_at": state.created_at.isoformat(),
+        "updated_at": state.updated_at.isoformat(),
+        "db_now": item.now.isoformat(),
+        "lease": {
+            "held": lease.held,
+            "holder": str(lease.owner) if lease.owner and lease.held else None,
+            "generation": lease.generation,
+            "acquired_at": lease.acquired_at.isoformat()
+            if lease.held and lease.acquired_at
+            else None,
+            "heartbeat_at": lease.heartbeat_at.isoformat() if lease.heartbeat_at else None,
+            "expires_at": lease.expires_at.isoformat() if lease.expires_at else None,
+            "seconds_left": item.seconds_left,
+        },
+        "last_event": _event_view(last) if last is not None else None,
+    }
+    if args.json:
+        print_json(view)
+        return EXIT_OK
+    print(f"resource:   {state.type}/{state.key} ({state.id})")
+    print(f"revision:   {state.revision} (updated {state.updated_at.isoformat()})")
+    if lease.held and lease.owner is not None:
+        print(
+            f"lease:      held by {lease.owner}, generation {lease.generation},"
+            f" expires {_iso(lease.expires_at)}"
+            f" ({item.seconds_left:.1f}s left by the database clock)"
+        )
+    else:
+        expired = f", expired {_iso(lease.expires_at)}" if lease.expires_at else ""
+        print(f"lease:      free, generation {lease.generation}{expired}")
+    if last is None:
+        print("last event: - (none in the log)")
+    else:
+        payload = "" if last.payload is None else f" payload {_payload_text(last.payload)}"
+        actor = f" by {last.actor}" if last.actor else ""
+        print(
+            f"last event: {last.type} at revision {last.revision},"
+            f" {last.created_at.isoformat()}{actor}{payload}"
+        )
     return EXIT_OK
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat() if value is not None else "-"
 
 
 def _event_line(e: Event) -> str:
     actor = str(e.actor) if e.actor else "-"
     generation = "-" if e.lease_generation is None else str(e.lease_generation)
-    payload = "" if e.payload is None else f" {e.payload}"
+    payload = "" if e.payload is None else f" {_payload_text(e.payload)}"
     return (
         f"{e.revision:>6} {e.created_at.isoformat()} {e.type:<16} {actor:<24} "
         f"gen {generation}{payload}"
@@ -241,6 +360,192 @@ def cmd_events(args: argparse.Namespace) -> int:
             print_json(e)
         else:
             print(_event_line(e))
+    return EXIT_OK
+
+
+def _hub_sessions(conn: psycopg.Connection[Any], schema: str) -> dict[str, object]:
+    """Watcher hub connections of `schema` that pg_stat_activity shows this role.
+
+    pglease sets no application_name, so a hub is recognised by its last
+    statement: its LISTEN on the schema's channel, or the schema's
+    watch_read (what a listening hub runs after every wake-up, and all a
+    polling hub runs). Sessions of other roles show no query text unless this
+    role may read all statistics; they are counted as hidden, not guessed at.
+    """
+    listen = sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(schema))).as_string(conn)
+    read = sql.SQL("{}.watch_read(").format(sql.Identifier(schema)).as_string(conn)
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE strpos(query, %s) > 0 OR strpos(query, %s) > 0),"
+        " count(*) FILTER (WHERE query IS NULL OR query = '<insufficient privilege>')"
+        " FROM pg_catalog.pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+        [listen, read],
+    ).fetchone()
+    assert row is not None
+    return {"count": int(row[0]), "hidden_sessions": int(row[1]), "complete": row[1] == 0}
+
+
+def _optional(conn: psycopg.Connection[Any], query: sql.Composed, args: list[Any]) -> Any:
+    """The first row of `query`, or None where a schema behind on migrations lacks the table."""
+    try:
+        return conn.execute(query, args).fetchone()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+        return None
+
+
+def _status(conn: psycopg.Connection[Any], schema: str, within: float) -> dict[str, Any]:
+    from .migrations import migration_state
+
+    state = migration_state(conn, schema)
+    if not state.schema_exists:
+        raise MigrationError(
+            f"schema {schema!r} does not exist; run `pglease --schema {schema} migrate`"
+            " as the schema's owner"
+        )
+    s = sql.Identifier(schema)
+    version, now = conn.execute(
+        "SELECT current_setting('server_version'), clock_timestamp()"
+    ).fetchone() or (None, None)
+    report: dict[str, Any] = {
+        "schema": schema,
+        "server_version": version,
+        "db_now": now,
+        "migrations": {
+            "up_to_date": state.up_to_date,
+            "pending": [] if state.up_to_date else state.describe().split(", "),
+        },
+        "resources": None,
+        "held": None,
+        "expiring": {"within_seconds": within, "count": None},
+        "events": {"count": None, "oldest_at": None},
+        "test_clock": None,
+        "watcher_hubs": _hub_sessions(conn, schema),
+    }
+    counts = _optional(
+        conn,
+        sql.SQL(
+            "SELECT (SELECT count(*) FROM {s}.resources),"
+            " count(*) FILTER (WHERE l.owner_id IS NOT NULL AND l.expires_at > c.now),"
+            " count(*) FILTER (WHERE l.owner_id IS NOT NULL AND l.expires_at > c.now"
+            "   AND l.expires_at <= c.now + make_interval(secs => %s))"
+            " FROM (SELECT clock_timestamp() AS now) c CROSS JOIN {s}.leases l"
+        ).format(s=s),
+        [within],
+    )
+    if counts is not None:
+        report["resources"], report["held"] = int(counts[0]), int(counts[1])
+        report["expiring"]["count"] = int(counts[2])
+    events = _optional(
+        conn, sql.SQL("SELECT count(*), min(created_at) FROM {s}.events").format(s=s), []
+    )
+    if events is not None:
+        report["events"] = {"count": int(events[0]), "oldest_at": events[1]}
+    clock = _optional(conn, sql.SQL("SELECT bool_or(test_clock) FROM {s}.settings").format(s=s), [])
+    if clock is not None:
+        report["test_clock"] = bool(clock[0])
+    return report
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    # A direct connection, not a store: a store refuses a schema with pending
+    # migrations, which is one of the things status is there to report. The
+    # session is read-only, so nothing here can write even by mistake.
+    with connect_direct(args) as conn:
+        conn.execute("SET default_transaction_read_only = on")
+        report = _status(conn, args.schema, args.within)
+    if report["test_clock"]:
+        print(
+            f"pglease: WARNING: the test clock is ON in schema {args.schema}: callers can"
+            " choose the time leases are judged by (now=); never let real hosts use it",
+            file=sys.stderr,
+            flush=True,
+        )
+    if args.json:
+        print_json({**report, "dsn_source": dsn_source(args)})
+        return EXIT_OK
+    migrations = report["migrations"]
+    hubs = report["watcher_hubs"]
+    events = report["events"]
+
+    def shown(value: object) -> str:
+        return "unavailable (schema behind on migrations)" if value is None else str(value)
+
+    print(f"server:       PostgreSQL {report['server_version']} ({redact_dsn(args.dsn)})")
+    print(f"schema:       {args.schema}")
+    print(
+        "migrations:   "
+        + (
+            "up to date"
+            if migrations["up_to_date"]
+            else "pending: " + ", ".join(migrations["pending"])
+        )
+    )
+    print(f"resources:    {shown(report['resources'])}")
+    print(f"held:         {shown(report['held'])}")
+    print(f"expiring:     {shown(report['expiring']['count'])} within {args.within:g}s")
+    oldest = events["oldest_at"]
+    print(
+        f"events:       {shown(events['count'])}"
+        + (f" (oldest {oldest.isoformat()})" if oldest is not None else "")
+    )
+    clock = report["test_clock"]
+    print("test clock:   " + ("ON (tests only!)" if clock else "off" if clock is False else "-"))
+    if hubs["complete"]:
+        print(f"watcher hubs: {hubs['count']}")
+    elif hubs["count"]:
+        print(
+            f"watcher hubs: {hubs['count']} visible; {hubs['hidden_sessions']} sessions of"
+            " other roles not visible (pg_read_all_stats shows them)"
+        )
+    else:
+        print(
+            f"watcher hubs: not visible ({hubs['hidden_sessions']} sessions of other roles;"
+            " pg_read_all_stats shows them)"
+        )
+    return EXIT_OK
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    from .admin import revoke_lease
+    from .migrations import migration_state
+
+    rid = resource_id(args.type, args.key)
+    note_embedded(args)
+    # A direct connection: revoke_lease is the owner's, outside any store.
+    with connect_direct(args) as conn:
+        state = migration_state(conn, args.schema)
+        if not state.up_to_date:
+            raise state.not_migrated_error("revoke never migrates")
+        try:
+            done = revoke_lease(conn, args.schema, rid)
+        except UnknownResourceError:
+            raise UnknownResourceError(
+                f"unknown resource {args.type}/{args.key} (nothing was ever claimed there)"
+            ) from None
+    if args.json:
+        print_json(
+            {
+                "resource_id": rid,
+                "type": args.type,
+                "key": args.key,
+                "revoked": done.revoked,
+                "fenced": str(done.holder) if done.revoked and done.holder else None,
+                "generation": done.generation,
+                "revision": done.revision,
+                "dsn_source": dsn_source(args),
+            }
+        )
+    elif done.revoked:
+        print(
+            f"revoked {args.type}/{args.key}: {done.holder} is fenced (generation"
+            f" {done.generation - 1} ended); generation now {done.generation},"
+            f" revision {done.revision}"
+        )
+    else:
+        print(
+            f"{args.type}/{args.key} is not held: nothing revoked (generation"
+            f" {done.generation}, revision {done.revision})"
+        )
     return EXIT_OK
 
 
@@ -272,7 +577,13 @@ def _lease_args(parser: argparse.ArgumentParser, *, ttl: bool, token: bool) -> N
     parser.add_argument("key", help="resource key")
     parser.add_argument("--owner", type=owner_arg, required=True, help="OWNER_TYPE:OWNER_ID")
     if ttl:
-        parser.add_argument("--ttl", type=float, required=True, help="lease length in seconds")
+        parser.add_argument(
+            "--ttl",
+            type=duration_arg("ttl", check_ttl),
+            required=True,
+            metavar="DURATION",
+            help="lease length: 30 (seconds), 1.5s, 250ms, 5m, 1h",
+        )
     if token:
         # Not required here: the token may come from --token-file or $PGLEASE_TOKEN.
         source = parser.add_mutually_exclusive_group()
@@ -292,6 +603,16 @@ def _lease_args(parser: argparse.ArgumentParser, *, ttl: bool, token: bool) -> N
     parser.add_argument("--expected-revision", type=int, help="refuse unless at this revision")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pglease", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -307,6 +628,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="schema holding pglease's tables (default: pglease)",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--version", action="version", version=f"pglease {__version__}")
     parser.add_argument(
         "--no-migrate",
         action="store_true",
@@ -343,9 +665,51 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("release", help="release a lease (exit 4 when no longer current)")
     _lease_args(p, ttl=False, token=True)
     p.set_defaults(func=cmd_release)
-    p = sub.add_parser("ls", help="list resources with revision, holder and time left")
+    p = sub.add_parser(
+        "ls",
+        help="list resources with revision, holder and time left",
+        description="List resources in (type, key) order, read in pages, each printed as it"
+        " arrives. Held and time left are judged by the database clock.",
+    )
     p.add_argument("--type", help="only this resource type")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--held", action="store_true", help="only resources with a live lease")
+    which.add_argument("--free", action="store_true", help="only free or expired resources")
+    p.add_argument("--owner", type=owner_arg, metavar="T:ID", help="only the live leases of T:ID")
+    p.add_argument(
+        "--expiring-within",
+        type=duration_arg("--expiring-within"),
+        metavar="DURATION",
+        help="only live leases ending within DURATION (30s, 5m)",
+    )
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="at most N resources")
+    p.add_argument("--page-size", type=_positive_int, default=LS_PAGE_SIZE, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_ls)
+    p = sub.add_parser(
+        "get", help="one resource: its lease, time left, revision and last event (exit 2: unknown)"
+    )
+    p.add_argument("type")
+    p.add_argument("key")
+    p.set_defaults(func=cmd_get)
+    p = sub.add_parser(
+        "status",
+        help="server, migrations, counts, event log, test clock and watcher hubs (read-only)",
+    )
+    p.add_argument(
+        "--within",
+        type=duration_arg("--within"),
+        default=30.0,
+        metavar="DURATION",
+        help="count leases expiring within DURATION (default 30s)",
+    )
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser(
+        "revoke",
+        help="end a stuck lease as the schema's owner: its holder is fenced (generation + 1)",
+    )
+    p.add_argument("type")
+    p.add_argument("key")
+    p.set_defaults(func=cmd_revoke)
     p = sub.add_parser("events", help="a resource's event history")
     p.add_argument("type")
     p.add_argument("key")
@@ -354,8 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run a small fleet on the embedded PostgreSQL and check it")
     p.add_argument("--hosts", type=int, default=4)
     p.add_argument("--resources", type=int, default=3)
-    p.add_argument("--seconds", type=float, default=12.0)
-    p.add_argument("--ttl", type=float, default=1.0)
+    p.add_argument("--seconds", type=duration_arg("--seconds"), default=12.0, metavar="DURATION")
+    p.add_argument("--ttl", type=duration_arg("ttl", check_ttl), default=1.0, metavar="DURATION")
     p.set_defaults(func=cmd_demo)
     fleet_cli.register(sub)
     watch_cli.register(sub)

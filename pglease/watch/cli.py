@@ -6,11 +6,18 @@ import argparse
 import contextlib
 import sys
 import threading
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
 
 from ..cli_support import EXIT_OK, EXIT_USAGE, fail, open_store, print_json, sigterm_as_interrupt
+from ..durations import duration_arg
 from ..errors import CursorExpiredError, PgleaseError, ValidationError
 from ..types import Event, Owner
-from .prune import parse_duration, prune
+from ._core import check_interval
+from .prune import prune
 from .reaper import Reaper, reap_once
 from .watcher import Watcher
 
@@ -71,12 +78,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         " 7d, 1h30m), then the payloads no remaining event references."
         " Watchers behind the deleted range get CursorExpiredError.",
     )
-    p.add_argument("--older-than", required=True, type=_duration, metavar="DURATION")
+    p.add_argument(
+        "--older-than", required=True, type=duration_arg("--older-than"), metavar="DURATION"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="count what would be deleted (read-only); delete nothing",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="prune even when DURATION is shorter than the longest TTL of a held lease",
+    )
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_prune)
 
     p = subparsers.add_parser(
         "reap",
+        conflict_handler="resolve",
         help="write lease.expired events for expired leases",
         description="Run the expiry reaper (one per fleet is elected"
         " through a pglease lease), or one pass with --once.",
@@ -88,15 +108,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="TYPE:ID",
         help="reaper lease owner (default host:<hostname>-<pid>)",
     )
-    p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS")
+    p.add_argument(
+        "--interval",
+        type=duration_arg("--interval", lambda s: check_interval(s, "--interval")),
+        default=0.5,
+        metavar="DURATION",
+    )
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_reap)  # fmt: skip
-
-
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def format_event(event: Event) -> str:
@@ -153,19 +172,102 @@ def _watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _longest_ttl(conn: psycopg.Connection[Any], schema: str) -> float | None:
+    """The longest lease length among live leases (from the last renewal), in seconds."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT extract(epoch FROM max(expires_at - coalesce(heartbeat_at, acquired_at)))"
+            " FROM {}.leases WHERE owner_id IS NOT NULL AND expires_at > clock_timestamp()"
+        ).format(sql.Identifier(schema))
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def _would_prune(
+    conn: psycopg.Connection[Any], schema: str, older_than: float
+) -> tuple[int, datetime | None, datetime | None]:
+    """What prune_log would delete now, read without deleting: the prefix of the log
+    (in read order) below the readable frontier and before the first event that is
+    either newer than the cutoff or not yet readable (sql/0007_expiry_gc.sql)."""
+    row = conn.execute(
+        sql.SQL(
+            "WITH k AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin,"
+            "   clock_timestamp() - make_interval(secs => %s) AS cutoff),"
+            " keep AS (SELECT e.xid, e.id FROM {s}.events e, k"
+            "   WHERE e.created_at >= k.cutoff OR e.xid >= k.xmin ORDER BY e.xid, e.id LIMIT 1)"
+            " SELECT count(e.id), min(e.created_at), max(e.created_at)"
+            " FROM k LEFT JOIN keep ON true JOIN {s}.events e ON e.xid < k.xmin"
+            "   AND (keep.xid IS NULL OR (e.xid, e.id) < (keep.xid, keep.id))"
+        ).format(s=sql.Identifier(schema)),
+        [older_than],
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), row[1], row[2]
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
+    as_json = bool(getattr(args, "json", False))
     try:
-        with open_store(args) as store:
+        # A dry run only reads: it never migrates, like every read-only command.
+        with open_store(args, read_only=args.dry_run) as store:
+            with store.connection() as conn:
+                longest = _longest_ttl(conn, store.schema)
+                would = _would_prune(conn, store.schema, args.older_than) if args.dry_run else None
+            too_young = longest is not None and args.older_than < longest
+            if would is not None:
+                return _print_dry_run(args, would, longest, too_young, as_json)
+            if too_young and not args.force:
+                # So short an age deletes the claim or renewal events of leases
+                # still running: more often a typo (1m for 1h) than a plan.
+                return fail(
+                    f"--older-than {args.older_than:g}s is shorter than the longest TTL in use"
+                    f" ({longest:g}s, a held lease); pass --force to prune anyway",
+                    EXIT_USAGE,
+                )
             deleted = prune(store, args.older_than)
     except PgleaseError as exc:
         return fail(str(exc))
-    if getattr(args, "json", False):
+    if as_json:
         # "deleted" stays the number of events, as before payloads were collected.
         print_json({"deleted": deleted.events, "payloads_deleted": deleted.payloads})
     elif deleted.payloads:
         print(f"deleted {deleted.events} events and {deleted.payloads} unreferenced payloads")
     else:
         print(f"deleted {deleted.events} events")
+    return EXIT_OK
+
+
+def _print_dry_run(
+    args: argparse.Namespace,
+    would: tuple[int, datetime | None, datetime | None],
+    longest: float | None,
+    too_young: bool,
+    as_json: bool,
+) -> int:
+    count, oldest, newest = would
+    if as_json:
+        print_json(
+            {
+                "dry_run": True,
+                "would_delete": count,
+                "oldest": oldest,
+                "newest": newest,
+                "older_than_seconds": args.older_than,
+                "longest_ttl_seconds": longest,
+                "needs_force": too_young,
+            }
+        )
+    else:
+        span = ""
+        if oldest is not None and newest is not None:
+            span = f" (created {oldest.isoformat()} to {newest.isoformat()})"
+        print(f"would delete {count} events{span}; nothing deleted (dry run)")
+    if too_young:
+        print(
+            f"pglease: note: without --force, prune would refuse: --older-than"
+            f" {args.older_than:g}s is shorter than the longest TTL in use ({longest:g}s)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -177,17 +279,26 @@ def cmd_reap(args: argparse.Namespace) -> int:
         owner = Owner.parse(args.owner or f"host:{socket.gethostname()}-{os.getpid()}")
     except ValueError as exc:
         return fail(str(exc), EXIT_USAGE)
+    as_json = bool(getattr(args, "json", False))
     try:
         with open_store(args) as store:
             if args.once:
-                print(f"reaped {reap_once(store)} leases")
+                reaped = reap_once(store)
+                if as_json:
+                    print_json({"reaped": reaped})
+                else:
+                    print(f"reaped {reaped} leases")
                 return EXIT_OK
             stop = threading.Event()
             reaper = Reaper(store, owner, interval=args.interval)
             # SIGTERM stops it like Ctrl-C: the election lease is released on the way out.
             with sigterm_as_interrupt(), reaper, contextlib.suppress(KeyboardInterrupt):
                 stop.wait()
-            print(f"reaped {reaper.reaped} leases", file=sys.stderr)
+            if as_json:
+                # The summary goes to stdout here: it is the command's one result.
+                print_json({"reaped": reaper.reaped})
+            else:
+                print(f"reaped {reaper.reaped} leases", file=sys.stderr)
     except PgleaseError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
