@@ -71,8 +71,8 @@ def skip_reason() -> str | None:
     return None
 
 
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = 30.0) -> T:
-    """Poll `check` until it returns something other than None/False, or fail naming `what`."""
+def wait_for(what: str, check: Callable[[], T], timeout: float = 30.0) -> T:
+    """Poll `check` until it returns something truthy, or fail naming `what`."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while time.monotonic() < deadline:
@@ -80,7 +80,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = 30.0) ->
             value = check()
         except (psycopg.Error, OSError) as exc:
             last, value = exc, None
-        if value is not None and value is not False:
+        if value:
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last error: {last})")
