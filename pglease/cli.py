@@ -19,7 +19,7 @@ import psycopg
 import psycopg.errors
 from psycopg import sql
 
-from . import __version__
+from . import __version__, doctor
 from .cli_support import (
     EXIT_ERROR,
     EXIT_HELD,
@@ -724,6 +724,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet_cli.register(sub)
     watch_cli.register(sub)
     sessions_cli.register(sub)
+    doctor.register(sub)
     for command in sub.choices.values():
         # Accept --json after the subcommand too: `pglease ls --json`.
         command.add_argument(

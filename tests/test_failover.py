@@ -280,12 +280,6 @@ def test_asynchronous_failover_refuses_cursors_past_the_lost_events(
         ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: a live watcher's hub resumes from its xid position on reconnect"
-    " without checking it against the new server's log, so after an asynchronous"
-    " failover it skips the new primary's events whose xids were reused (pglease/watch/hub.py)",
-)
 def test_live_watcher_across_an_asynchronous_failover_never_skips_silently(
     async_cluster: Cluster,
 ) -> None:

@@ -520,7 +520,8 @@ class WatchHealth:
     last_error_at: datetime | None
     #: When the current run of errors began; None while reads succeed.
     failing_since: datetime | None
-    #: Events received for this watcher and not handed out yet.
+    #: Events waiting in this watcher's queue, not handed out yet: a lower bound
+    #: of its lag (events the hub has not read or handed over are not counted).
     lag_events: int
     #: Seconds since the stream last read the log, while it is failing; 0 otherwise.
     lag_seconds: float

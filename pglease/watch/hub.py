@@ -29,9 +29,10 @@ from psycopg.abc import Transformer as AdaptContextTransformer
 from psycopg.adapt import Transformer
 from psycopg.errors import error_from_result
 
+from .. import cursor_check
 from ..clock import SYSTEM_CLOCK, Clock
-from ..cursors import Position
-from ..errors import CursorExpiredError, WatchFailedError
+from ..cursors import Cursor, Position, encode_cursor, fingerprint
+from ..errors import CursorExpiredError, ForeignCursorError, WatchError, WatchFailedError
 from ._core import (
     DEFAULT_RETRY_WINDOW,
     END,
@@ -156,6 +157,9 @@ class Hub:
         self._consumers: dict[int, Consumers] = {}
         self._next_id = 0
         self._tip: Position | None = None
+        #: Fingerprint of the last event read (None before the first): what the
+        #: hub checks its position by after a reconnect.
+        self._anchor: str | None = None
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._loader: AdaptContextTransformer | None = None
@@ -165,7 +169,7 @@ class Hub:
         self._started = False
         self.trouble = Trouble(clock, retry_window, f"pglease watch stream of schema {schema!r}")
         #: The error every subscriber got when the hub gave up (it has stopped).
-        self.failure: WatchFailedError | None = None
+        self.failure: WatchError | None = None
         #: Clock readings (monotonic, wall) of the last successful read.
         self.last_read: float | None = None
         self.last_read_wall: float | None = None
@@ -282,6 +286,8 @@ class Hub:
     def _session(self) -> None:
         conn = self._open()
         listening = self.listening = self.mode == "listen"
+        if self._tip is not None and self._verify_tip(conn):
+            return
         if self._tip is None:
             row = conn.execute(self._q.frontier).fetchone()
             assert row is not None
@@ -381,6 +387,8 @@ class Hub:
             tip = self._tip
             if page.events:
                 tip = page.positions[-1]
+                last = page.events[-1]
+                self._anchor = fingerprint(last.resource_id, last.revision, last.created_at)
             if not page.full and page.frontier > tip:
                 tip = page.frontier
             if tip != self._tip or page.events:
@@ -422,6 +430,32 @@ class Hub:
         assert loader is not None
         loader.set_pgresult(result)
         return parse_page(loader.load_rows(0, result.ntuples, tuple), PAGE)
+
+    def _verify_tip(self, conn: psycopg.Connection[Any]) -> bool:
+        """After a reconnect: is the tip still a position in this server's log?
+
+        Across an asynchronous failover the new primary may have lost events
+        the hub already delivered, and hand their transaction ids out again:
+        reading on from the tip would skip or repeat events silently. Refused,
+        every subscriber gets the `ForeignCursorError` and the hub stops
+        (returns True); the consumers resync.
+        """
+        assert self._tip is not None
+        cursor = Cursor(self._tip, self._anchor, encode_cursor(self._tip, self._anchor))
+        queries = cursor_check.pg_queries(self.schema)
+        row = conn.execute(queries.check, cursor_check.pg_check_args(cursor)).fetchone()
+        assert row is not None
+        try:
+            cursor_check.pg_verify(cursor, row, refuse_expired=False)
+        except ForeignCursorError as exc:
+            log.error("pglease watch stream of schema %r: %s", self.schema, exc)
+            with self._lock:
+                self.failure = exc
+                self._stop.set()
+                for deliver in self._subscribers.values():
+                    deliver(Failure(exc))
+            return True
+        return False
 
     def _broadcast(self, message: Message) -> None:
         with self._lock:
