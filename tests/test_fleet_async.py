@@ -77,8 +77,9 @@ async def test_async_trust_window_closes_on_the_fake_clock(
                 clock.advance(30 - lease.timing.margin)  # in one jump: no beat between
                 assert await lease.wait_lost(30)
                 assert lease.lost_at is not None and lease.lost_at >= lease.deadline
-                state = await apg_store.get(lease.resource_id)
-                assert state.lease.held  # the database would have kept it
+                # The database would have kept it for most of the real ttl (the
+                # keeper then gives the locally lost lease back).
+                assert lease.expires_at > datetime.now(UTC) + timedelta(seconds=15)
                 lease.check()
     finally:
         await keeper.aclose()
