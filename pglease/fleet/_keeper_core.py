@@ -119,7 +119,9 @@ class KeeperCore(Generic[L]):
         Half the time left until the batch's first trust window closes: a beat
         stuck on a dead connection (a partition, a frozen server, a lost TCP
         peer) is cut off while the other half still leaves room to reconnect
-        and renew; a beat that is merely slow usually finishes first.
+        and renew; a beat that is merely slow usually finishes first. The
+        length comes from the clock; the keeper spends it as a real-time bound
+        (a frozen fake clock must not leave a dead connection hanging).
         """
         window = min(lease.deadline for lease in batch) - started
         return max(MIN_BEAT_LIMIT, window / 2)
