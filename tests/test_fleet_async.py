@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pglease import AcquireTimeoutError, AsyncPostgresStore, LeaseLostError, Owner
+from pglease.clock import FakeClock
 from pglease.errors import InvalidTimingError
 from pglease.fleet import AsyncKeeper, acquire_async, elect_async, hold_async, leader_async
 
@@ -26,12 +27,14 @@ async def _waiters(store: AsyncPostgresStore) -> int:
 
 
 async def test_hold_async_heartbeats_and_releases(apg_store: AsyncPostgresStore) -> None:
-    # ttl 1.5 s rather than less: one stall of a loaded host must not lose it.
-    async with hold_async(apg_store, "run", "r1", A, 1.5) as lease:
+    # Real time, ttl 6 s: a stall of a loaded host for a few seconds must not lose it.
+    async with hold_async(apg_store, "run", "r1", A, 6.0) as lease:
         revision = lease.claim.revision
-        await asyncio.sleep(4.0)
+        end = time.monotonic() + 60
+        while lease.renewals < 1:
+            assert time.monotonic() < end and not lease.lost.is_set()
+            await asyncio.sleep(0.05)
         lease.check()
-        assert lease.renewals >= 2
         state = await apg_store.get(lease.resource_id)
         assert state.lease.held and state.revision == revision
     state = await apg_store.get(lease.resource_id)
@@ -41,13 +44,46 @@ async def test_hold_async_heartbeats_and_releases(apg_store: AsyncPostgresStore)
 
 async def test_hold_async_takeover_signals(apg_store: AsyncPostgresStore) -> None:
     seen: list[LeaseLostError] = []
-    with pytest.raises(LeaseLostError, match="left after the loss"):
-        async with hold_async(apg_store, "run", "r2", A, 0.9, on_lost=seen.append) as lease:
-            assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
-            assert await lease.wait_lost(10)
-            with pytest.raises(LeaseLostError):
-                lease.check()
+    clock = FakeClock()
+    keeper = AsyncKeeper(apg_store, clock=clock)
+    try:
+        with pytest.raises(LeaseLostError, match="left after the loss"):
+            async with hold_async(
+                apg_store, "run", "r2", A, 30, on_lost=seen.append, keeper=keeper
+            ) as lease:
+                assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
+                clock.advance(lease.timing.interval)  # the next beat is due
+                assert await lease.wait_lost(30)
+                with pytest.raises(LeaseLostError, match="no longer has it"):
+                    lease.check()
+    finally:
+        await keeper.aclose()
     assert len(seen) == 1
+
+
+async def test_async_trust_window_closes_on_the_fake_clock(
+    apg_store: AsyncPostgresStore,
+) -> None:
+    clock = FakeClock()
+    seen: list[LeaseLostError] = []
+    keeper = AsyncKeeper(apg_store, clock=clock)
+    try:
+        with pytest.raises(LeaseLostError, match="trust window"):
+            async with hold_async(
+                apg_store, "run", "tw", A, 30, on_lost=seen.append, keeper=keeper
+            ) as lease:
+                await asyncio.sleep(0.2)  # real time only: still trusted
+                lease.check()
+                clock.advance(30 - lease.timing.margin)  # in one jump: no beat between
+                assert await lease.wait_lost(30)
+                assert lease.lost_at is not None and lease.lost_at >= lease.deadline
+                # The database would have kept it for most of the real ttl (the
+                # keeper then gives the locally lost lease back).
+                assert lease.expires_at > datetime.now(UTC) + timedelta(seconds=15)
+                lease.check()
+    finally:
+        await keeper.aclose()
+    assert len(seen) == 1 and lease.renewals == 0
 
 
 async def test_async_trust_window_closes_without_database(apg_store: AsyncPostgresStore) -> None:
@@ -134,13 +170,13 @@ async def test_cancelled_holder(apg_store: AsyncPostgresStore, release_on_cancel
 async def test_async_election(apg_store: AsyncPostgresStore) -> None:
     log: list[str] = []
     e1 = await elect_async(
-        apg_store, "sched", A, ttl=1.0,
+        apg_store, "sched", A, ttl=6.0,
         on_elected=lambda x: log.append(f"a+{x.generation}"),
         on_deposed=lambda x: log.append(f"a-{x.generation}"),
     )  # fmt: skip
     assert await e1.wait_elected(20)
     e2 = await elect_async(
-        apg_store, "sched", B, ttl=1.0,
+        apg_store, "sched", B, ttl=6.0,
         on_elected=lambda x: log.append(f"b+{x.generation}"),
         on_deposed=lambda x: log.append(f"b-{x.generation}"),
     )  # fmt: skip

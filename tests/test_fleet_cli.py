@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pglease import Owner, PostgresStore, resource_id
 
 
-def _hold(dsn: str, schema: str, *command: str, ttl: str = "1.5") -> subprocess.Popen[str]:
+def _hold(dsn: str, schema: str, *command: str, ttl: str = "6") -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "pglease", "--dsn", dsn, "--schema", schema, "hold", "job", "j1",
          "--owner", "host:cli", "--ttl", ttl, "--", *command],

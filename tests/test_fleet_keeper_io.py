@@ -14,7 +14,7 @@ import psycopg
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore
 from pglease.fleet import AsyncKeeper, Keeper, Timing
-from pglease.fleet.keeper import _connect_kwargs
+from pglease.fleet.keeper import SESSION_SETUP, _connect_kwargs
 
 from ._fleet_proxy import FreezingProxy
 
@@ -39,7 +39,8 @@ def test_keeper_tcp_settings_are_accepted(pg_dsn: str) -> None:
     # libpq knows every keyword (a typo would fail the connect), over TCP too.
     with FreezingProxy(pg_dsn) as proxy:
         for dsn in (pg_dsn, proxy.dsn):
-            with psycopg.connect(dsn, **_connect_kwargs(2.0)) as conn:
+            with psycopg.connect(dsn, **_connect_kwargs(2.0, "keeper_io")) as conn:
+                conn.execute(SESSION_SETUP)
                 row = conn.execute("SHOW statement_timeout").fetchone()
                 assert row is not None and row[0] == "10s"
                 # Batches of every size share one prepared statement: never a

@@ -1,35 +1,58 @@
 """Leaving a `hold` block after the lease was lost raises `LeaseLostError`.
 
 Takeovers either pretend a day passed (`now=` on the rival's claim) or happen
-for real: the holder's keeper cannot reach the database, its trust window
-closes, and a rival claims once the ttl ran out by the database clock.
+for real: the holder's keeper is cut off from the database (a partition: its
+connection freezes, new ones are refused), its trust window closes, and a
+rival claims once the ttl ran out by the database clock. Where the holder's
+own timing matters, a `FakeClock` drives it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from pglease import AsyncPostgresStore, LeaseLostError, Owner, PostgresStore
-from pglease.fleet import AsyncKeeper, Keeper, acquire, acquire_async, hold, hold_async
+from pglease.clock import FakeClock
+from pglease.fleet import AsyncKeeper, Keeper, Timing, acquire, acquire_async, hold, hold_async
+
+from ._fleet_proxy import FreezingProxy
 
 A = Owner("host", "a")
 B = Owner("host", "b")
 FAR = datetime.now(UTC) + timedelta(days=1)
-#: Nothing listens there: a keeper pointed at it never renews.
-DEAD_DSN = "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1"
+#: Fake-clock leases: interval 10 s, the trust window closes 27 s after a renewal.
+TTL = 30.0
 
 
-class _Dead:
-    """Where a keeper that cannot reach its database looks."""
+class _Via:
+    """Where a keeper looks: the test schema, through a proxy."""
 
-    dsn = DEAD_DSN
-
-    def __init__(self, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.dsn = dsn
         self.schema = schema
+
+
+class _Partition(FreezingProxy):
+    """A proxy that can cut its clients off: open connections freeze and new
+    ones are refused (the port no longer listens)."""
+
+    def __enter__(self) -> _Partition:
+        return self
+
+    def cut(self) -> None:
+        self._stop.set()
+        # shutdown, not just close: it wakes the blocked accept() and stops
+        # listening at once (a plain close leaves the accepting thread's socket up).
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self.freeze()
 
 
 # --------------------------------------------------------------------------- sync
@@ -59,23 +82,31 @@ def test_body_error_wins_over_the_loss(pg_store: PostgresStore) -> None:
 
 
 def test_body_reraising_the_loss_is_not_wrapped(pg_store: PostgresStore) -> None:
-    with pytest.raises(LeaseLostError) as caught, hold(pg_store, "run", "x3", A, 0.9) as lease:
+    clock = FakeClock()
+    with (
+        Keeper(pg_store, clock=clock) as keeper,
+        pytest.raises(LeaseLostError) as caught,
+        hold(pg_store, "run", "x3", A, TTL, keeper=keeper) as lease,
+    ):
         assert pg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
-        assert lease.lost.wait(10)
+        clock.advance(Timing.of(TTL).interval)  # the next beat finds it taken
+        assert lease.lost.wait(30)
         lease.check()
     assert caught.value is lease.lost_error
     assert not getattr(caught.value, "__notes__", None)
 
 
 def test_real_expiry_and_takeover_raises(pg_store: PostgresStore) -> None:
-    """No pretend clock: the keeper cannot renew, the trust window closes, and a
+    """No pretend clock: the keeper is cut off, the trust window closes, and a
     rival claims after the real ttl; the holder's body then ends."""
     ttl = 1.0
     with (
-        Keeper(_Dead(pg_store.schema), connect_timeout=1) as dead,
+        _Partition(pg_store.dsn) as proxy,
+        Keeper(_Via(proxy.dsn, pg_store.schema), connect_timeout=1) as keeper,
         pytest.raises(LeaseLostError, match="trust window") as caught,
-        hold(pg_store, "run", "x4", A, ttl, keeper=dead) as lease,
+        hold(pg_store, "run", "x4", A, ttl, keeper=keeper) as lease,
     ):
+        proxy.cut()
         assert lease.lost.wait(30), "the watchdog closes the trust window"
         # Woken at the expiry by the database clock; bounded, not timed.
         rival = acquire(pg_store, "run", "x4", B, 60, timeout=30)
@@ -88,17 +119,20 @@ def test_trust_window_closed_unnoticed_raises_and_releases(pg_store: PostgresSto
     """The body outlived its trust window and nobody looked (no keeper thread
     running): leaving still raises, and the lease, still in the database, is
     given back."""
-    keeper = Keeper(_Dead(pg_store.schema), connect_timeout=1)
+    clock = FakeClock()
+    keeper = Keeper(pg_store, clock=clock)
     keeper.close()  # stopped: neither renews nor watches
     keeper._closed = False  # accepts the lease all the same
-    with (
-        pytest.raises(LeaseLostError, match="trust window"),
-        hold(pg_store, "run", "x5", A, 0.6, keeper=keeper) as lease,
-    ):
-        end = time.monotonic() + 30
-        while time.monotonic() < lease.deadline and time.monotonic() < end:
-            time.sleep(0.05)
-        assert lease.lost_error is None  # no thread noticed
+    try:
+        with (
+            pytest.raises(LeaseLostError, match="trust window"),
+            hold(pg_store, "run", "x5", A, TTL, keeper=keeper) as lease,
+        ):
+            clock.advance(TTL)
+            time.sleep(0.2)  # a running keeper would have noticed by now
+            assert lease.lost_error is None  # no thread noticed
+    finally:
+        keeper.close()
     assert not pg_store.get(lease.resource_id).lease.held
 
 
@@ -117,10 +151,16 @@ async def test_async_release_finding_the_lease_gone_raises(
 async def test_async_keeper_notices_takeover_then_exit_raises(
     apg_store: AsyncPostgresStore,
 ) -> None:
-    with pytest.raises(LeaseLostError, match="left after the loss"):
-        async with hold_async(apg_store, "run", "y2", A, 0.9) as lease:
-            assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
-            assert await lease.wait_lost(10)
+    clock = FakeClock()
+    keeper = AsyncKeeper(apg_store, clock=clock)
+    try:
+        with pytest.raises(LeaseLostError, match="left after the loss"):
+            async with hold_async(apg_store, "run", "y2", A, TTL, keeper=keeper) as lease:
+                assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
+                clock.advance(Timing.of(TTL).interval)
+                assert await lease.wait_lost(30)
+    finally:
+        await keeper.aclose()
 
 
 async def test_async_body_error_wins_over_the_loss(apg_store: AsyncPostgresStore) -> None:
@@ -134,15 +174,17 @@ async def test_async_body_error_wins_over_the_loss(apg_store: AsyncPostgresStore
 
 
 async def test_async_real_expiry_and_takeover_raises(apg_store: AsyncPostgresStore) -> None:
-    dead = AsyncKeeper(_Dead(apg_store.schema), connect_timeout=1)
-    try:
-        with pytest.raises(LeaseLostError, match="trust window"):
-            async with hold_async(apg_store, "run", "y4", A, 1.0, keeper=dead) as lease:
-                assert await lease.wait_lost(30)
-                rival = await acquire_async(apg_store, "run", "y4", B, 60, timeout=30)
-                assert rival.generation == lease.generation + 1
-    finally:
-        await dead.aclose()
+    with _Partition(apg_store.dsn) as proxy:
+        keeper = AsyncKeeper(_Via(proxy.dsn, apg_store.schema), connect_timeout=1)
+        try:
+            with pytest.raises(LeaseLostError, match="trust window"):
+                async with hold_async(apg_store, "run", "y4", A, 1.0, keeper=keeper) as lease:
+                    proxy.cut()
+                    assert await lease.wait_lost(30)
+                    rival = await acquire_async(apg_store, "run", "y4", B, 60, timeout=30)
+                    assert rival.generation == lease.generation + 1
+        finally:
+            await keeper.aclose()
 
 
 async def test_cancelled_holder_is_not_reported_lost(apg_store: AsyncPostgresStore) -> None:

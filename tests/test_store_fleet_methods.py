@@ -17,7 +17,7 @@ def test_sync_store_hold_acquire_elect(pg_store: PostgresStore) -> None:
     assert claim.generation == 1
     election = pg_store.elect("scheduler", A, ttl=3)
     try:
-        assert election.wait_elected(5)
+        assert election.wait_elected(30)
         leader = pg_store.leader("scheduler")
         assert leader is not None and leader.owner == A and leader.generation == 1
     finally:
@@ -34,7 +34,7 @@ async def test_async_store_hold_acquire_elect(apg_store: AsyncPostgresStore) -> 
     assert claim.generation == 1
     election = await apg_store.elect("scheduler", A, ttl=3)
     try:
-        assert await election.wait_elected(5)
+        assert await election.wait_elected(30)
         leader = await apg_store.leader("scheduler")
         assert leader is not None and leader.owner == A
     finally:

@@ -39,10 +39,24 @@ Waiting
     share one watcher subscription (a waiting room, `_rooms`), and an event
     wakes one of them: the oldest fair waiter, or the longest-waiting unfair
     one. The others keep sleeping until their turn or the holder's expiry.
+    A lease row locked past the store's lock_timeout counts as busy: acquire
+    retries until its own timeout.
+
+Errors
+    Only `PgleaseError`s leave the fleet API (and a body's own exceptions);
+    `hold` takes the keeper's connection before claiming, so a host without
+    one fails at once (`DatabaseUnavailableError`) and claims nothing.
+
+Clock
+    Decisions by elapsed time (due times, late beats, trust windows, acquire
+    deadlines, room linger, `pglease hold`'s kill schedule) read a
+    `pglease.clock.Clock` (``clock=``; the system clock by default). Waits stay
+    real: under any other clock they last at most `FAKE_CLOCK_TICK`, so a
+    `FakeClock` moved by a test is acted on at the next wake-up.
 """
 
 from ._keeper_core import KeeperStats
-from ._timing import Timing
+from ._timing import FAKE_CLOCK_TICK, Timing
 from .acquire import acquire, acquire_async, hold, hold_async
 from .election import (
     ELECTION_TYPE,
@@ -59,6 +73,7 @@ from .lease import AsyncHeldLease, HeldLease
 
 __all__ = [
     "ELECTION_TYPE",
+    "FAKE_CLOCK_TICK",
     "AsyncElection",
     "AsyncHeldLease",
     "AsyncKeeper",

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from ..clock import Clock
 from ._sql import heartbeat_args
 from .lease import _LeaseBase
 
@@ -39,7 +39,8 @@ class KeeperStats:
     errors: int = 0
     renewed: int = 0
     lost: int = 0
-    #: Wall duration of the last beat's round trip, seconds.
+    #: Real duration of the last beat's round trip, seconds (measured with
+    #: `time.monotonic()` whatever the keeper's clock: it describes the host).
     last_beat_seconds: float = 0.0
     #: Leases in the last beat.
     last_beat_size: int = 0
@@ -49,9 +50,14 @@ class KeeperStats:
 
 
 class KeeperCore(Generic[L]):
-    """Which leases are due, and what a beat's answer means for each."""
+    """Which leases are due, and what a beat's answer means for each.
 
-    def __init__(self) -> None:
+    Every instant here (`now`, `started`, due times, deadlines) is a reading of
+    `clock`; the keeper turns the differences into real waits (`real_wait`).
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self.leases: dict[str, L] = {}
         self.stats = KeeperStats()
         self._error_streak = 0
@@ -113,7 +119,9 @@ class KeeperCore(Generic[L]):
         Half the time left until the batch's first trust window closes: a beat
         stuck on a dead connection (a partition, a frozen server, a lost TCP
         peer) is cut off while the other half still leaves room to reconnect
-        and renew; a beat that is merely slow usually finishes first.
+        and renew; a beat that is merely slow usually finishes first. The
+        length comes from the clock; the keeper spends it as a real-time bound
+        (a frozen fake clock must not leave a dead connection hanging).
         """
         window = min(lease.deadline for lease in batch) - started
         return max(MIN_BEAT_LIMIT, window / 2)
@@ -124,13 +132,20 @@ class KeeperCore(Generic[L]):
         )
 
     def on_rows(
-        self, batch: Sequence[L], rows: Sequence[Sequence[Any]], started: float
+        self,
+        batch: Sequence[L],
+        rows: Sequence[Sequence[Any]],
+        started: float,
+        round_trip: float,
     ) -> list[tuple[L, str]]:
-        """Apply a beat's answer; return the leases the database says are gone, with why."""
+        """Apply a beat's answer; return the leases the database says are gone, with why.
+
+        `started` is the beat's start on the clock, `round_trip` its real duration.
+        """
         self._error_streak = 0
         self.stats.beats += 1
         self.stats.last_beat_size = len(batch)
-        self.stats.last_beat_seconds = time.monotonic() - started
+        self.stats.last_beat_seconds = round_trip
         by_id = {row[0]: row for row in rows}
         gone: list[tuple[L, str]] = []
         for lease in batch:
@@ -149,7 +164,7 @@ class KeeperCore(Generic[L]):
                         gone.append((lease, TRUST_CLOSED))
             elif status == "busy":
                 # Locked by a writer (usually the holder's own mutation): soon again.
-                lease.next_due = time.monotonic() + min(BUSY_RETRY, lease.timing.interval / 4)
+                lease.next_due = self.clock.monotonic() + min(BUSY_RETRY, lease.timing.interval / 4)
             else:
                 reason = _STATUS_REASON.get(status, status)
                 if row is not None and status == "lost" and row[3] != lease.generation:
@@ -166,6 +181,6 @@ class KeeperCore(Generic[L]):
         delay = ERROR_RETRY * 2 ** min(self._error_streak - 1, 6)
         if self._error_streak == 1:
             log.warning("heartbeat failed, retrying until the trust windows close: %s", exc)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for lease in batch:
             lease.next_due = now + min(delay, lease.timing.interval / 4)

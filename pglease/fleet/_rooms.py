@@ -28,6 +28,9 @@ refresh timer. The room only decides who is woken early.
 
 A room lingers `LINGER` seconds after its last member left, so a process that
 acquires the same resource over and over does not re-subscribe every time.
+The linger is measured on the waiters' `pglease.clock.Clock` (rooms are keyed
+by it too); the room re-reads it whenever its watcher's read returns, at
+least every ``LINGER / 2`` real seconds.
 If its watcher cannot start or fails, the room is "broken": members fall back
 to their timers plus a coarse re-check, and the next acquire builds a new room.
 """
@@ -39,8 +42,9 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from typing import Any, Protocol
+
+from ..clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger("pglease.fleet")
 
@@ -80,12 +84,13 @@ class RoomCore:
     """Who is in the room and whom an event wakes; no I/O, no locking (the sync
     room holds its lock around every call, the asyncio room runs on one loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock
         self.members: dict[int, Member] = {}
         self._joined = 0
         self._ranks = 0
-        #: Monotonic time the room became empty (None while it has members).
-        self.empty_since: float | None = time.monotonic()
+        #: Instant on `clock` the room became empty (None while it has members).
+        self.empty_since: float | None = clock.monotonic()
         #: Counters for tests and benchmarks.
         self.events = 0
         self.wakes = 0
@@ -110,7 +115,7 @@ class RoomCore:
         if self.members.pop(member.joined, None) is None:
             return None
         if not self.members:
-            self.empty_since = time.monotonic()
+            self.empty_since = self.clock.monotonic()
         if not won and member.flag.is_set():
             # It was woken but will not attempt again: its wake-up passes on.
             return self.on_event()
@@ -137,6 +142,10 @@ class RoomCore:
     def idle_for(self, now: float) -> float:
         return 0.0 if self.empty_since is None else now - self.empty_since
 
+    def retire_due(self) -> bool:
+        """Empty for `LINGER` seconds on the room's clock: time to go."""
+        return self.idle_for(self.clock.monotonic()) >= LINGER
+
 
 # --------------------------------------------------------------------------- sync
 
@@ -144,11 +153,13 @@ class RoomCore:
 class SyncRoom:
     """A room for blocking waiters: one thread reads the room's `Watcher`."""
 
-    def __init__(self, store: Any, rid: str, key: tuple[Any, ...]) -> None:
+    def __init__(
+        self, store: Any, rid: str, key: tuple[Any, ...], clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.store = store
         self.rid = rid
         self.key = key
-        self.core = RoomCore()
+        self.core = RoomCore(clock)
         self.lock = threading.Lock()
         #: Fair waiters make their first attempt (which creates their queue
         #: entry) one at a time, so their ranks follow the database's order.
@@ -186,13 +197,11 @@ class SyncRoom:
             if nxt is not None:
                 nxt.flag.set()
 
-    def wait(self, member: Member, seconds: float | None, fallback: float) -> None:
-        """Sleep until woken or `seconds` pass (a broken room: re-check every `fallback`)."""
+    def wait(self, member: Member, seconds: float | None) -> bool:
+        """Sleep until woken (True) or `seconds` real seconds pass (False)."""
         if seconds is not None and seconds <= 0:
-            return
-        if self.broken:
-            seconds = fallback if seconds is None else min(seconds, fallback)
-        member.flag.wait(seconds)  # type: ignore[attr-defined]
+            return member.flag.is_set()
+        return bool(member.flag.wait(seconds))  # type: ignore[attr-defined]
 
     def _run(self) -> None:
         from ..watch import Watcher
@@ -228,7 +237,7 @@ class SyncRoom:
 
     def _retire_if_idle(self) -> bool:
         with _sync_lock, self.lock:
-            if self.core.idle_for(time.monotonic()) < LINGER:
+            if not self.core.retire_due():
                 return False
             self.closed = True
             if _sync_rooms.get(self.key) is self:
@@ -252,15 +261,17 @@ _sync_rooms: dict[tuple[Any, ...], SyncRoom] = {}
 _sync_lock = threading.Lock()
 
 
-def join_sync(store: Any, rid: str, fair: bool) -> tuple[SyncRoom, Member]:
-    """Join this process's room for (store, rid), creating it if needed; then
-    call `room.await_ready` before the first attempt."""
+def join_sync(
+    store: Any, rid: str, fair: bool, clock: Clock = SYSTEM_CLOCK
+) -> tuple[SyncRoom, Member]:
+    """Join this process's room for (store, rid, clock), creating it if needed;
+    then call `room.await_ready` before the first attempt."""
     # The pid: a forked child must not join its parent's rooms (no thread there).
-    key = (os.getpid(), id(store), store.schema, rid)
+    key = (os.getpid(), id(store), store.schema, rid, clock)
     with _sync_lock:
         room = _sync_rooms.get(key)
         if room is None or room.closed or room.store is not store:
-            room = _sync_rooms[key] = SyncRoom(store, rid, key)
+            room = _sync_rooms[key] = SyncRoom(store, rid, key, clock)
             room.start()
         member = room.join(fair)
     return room, member
@@ -273,11 +284,13 @@ class AsyncRoom:
     """A room for the asyncio waiters of one event loop: one task reads the
     room's `AsyncWatcher`. Used only from its loop's thread, so no locks."""
 
-    def __init__(self, store: Any, rid: str, key: tuple[Any, ...]) -> None:
+    def __init__(
+        self, store: Any, rid: str, key: tuple[Any, ...], clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.store = store
         self.rid = rid
         self.key = key
-        self.core = RoomCore()
+        self.core = RoomCore(clock)
         self.enqueue = asyncio.Lock()
         self.ready = asyncio.Event()
         self.broken = False
@@ -303,17 +316,16 @@ class AsyncRoom:
         if nxt is not None:
             nxt.flag.set()
 
-    async def wait(self, member: Member, seconds: float | None, fallback: float) -> None:
-        """Sleep until woken or `seconds` pass (a broken room: re-check every `fallback`)."""
-        if seconds is not None and seconds <= 0:
-            return
-        if self.broken:
-            seconds = fallback if seconds is None else min(seconds, fallback)
+    async def wait(self, member: Member, seconds: float | None) -> bool:
+        """Sleep until woken (True) or `seconds` real seconds pass (False)."""
         flag: asyncio.Event = member.flag  # type: ignore[assignment]
+        if seconds is not None and seconds <= 0:
+            return flag.is_set()
         # asyncio.timeout, not wait_for (3.11: wait_for can swallow a cancellation).
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await flag.wait()
+        return flag.is_set()
 
     async def _run(self) -> None:
         from ..watch import AsyncWatcher
@@ -340,7 +352,7 @@ class AsyncRoom:
                     nxt = self.core.on_event()
                     if nxt is not None:
                         nxt.flag.set()
-                if self.core.idle_for(time.monotonic()) >= LINGER:
+                if self.core.retire_due():
                     self._forget()
                     return
         finally:
@@ -365,12 +377,14 @@ class AsyncRoom:
 _async_rooms: dict[tuple[Any, ...], AsyncRoom] = {}
 
 
-def join_async(store: Any, rid: str, fair: bool) -> tuple[AsyncRoom, Member]:
+def join_async(
+    store: Any, rid: str, fair: bool, clock: Clock = SYSTEM_CLOCK
+) -> tuple[AsyncRoom, Member]:
     """The asyncio twin of `join_sync`: join the running loop's room for (store,
-    rid); then await `room.await_ready` before the first attempt."""
+    rid, clock); then await `room.await_ready` before the first attempt."""
     loop = asyncio.get_running_loop()
-    key = (os.getpid(), id(loop), id(store), store.schema, rid)
+    key = (os.getpid(), id(loop), id(store), store.schema, rid, clock)
     room = _async_rooms.get(key)
     if room is None or room.closed or room.store is not store or room.loop is not loop:
-        room = _async_rooms[key] = AsyncRoom(store, rid, key)
+        room = _async_rooms[key] = AsyncRoom(store, rid, key, clock)
     return room, room.join(fair)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..clock import Clock, SystemClock
 from ..errors import InvalidTimingError
 from ..validation import check_positive_seconds, check_ttl
 
@@ -23,7 +24,8 @@ class Timing:
     """TTL, renew interval and safety margin of one held lease.
 
     The holder trusts its lease until ``request start + ttl - margin`` of its
-    last successful renewal, on the local monotonic clock. The database judges
+    last successful renewal, on the local monotonic clock (the keeper's
+    `pglease.clock.Clock`, `time.monotonic()` by default). The database judges
     expiry at ``server time of the renewal + ttl``, which is never earlier; the
     margin absorbs clock-rate drift and the time the holder needs to stop
     working once it is told the lease is lost (`pglease hold` kills its
@@ -58,3 +60,23 @@ class Timing:
     def late_after(self) -> float:
         """Seconds past its due time after which a beat is reported as late."""
         return self.interval * LATE_FRACTION
+
+
+#: Under a clock other than the system's (a test's `FakeClock`) no wait of the
+#: fleet runtime lasts longer than this, in real seconds: a fake clock only
+#: moves when a test advances it and tells nobody, so every waiting component
+#: re-reads it at least this often and acts on the new time at that wake-up.
+FAKE_CLOCK_TICK = 0.05
+
+
+def real_wait(clock: Clock, seconds: float | None) -> float | None:
+    """The real seconds to block for a wait of `seconds` on `clock` (None: no end).
+
+    The system clock runs in real time, so the wait is exact; any other clock
+    may be moved at any moment, so the wait is cut to `FAKE_CLOCK_TICK` and
+    the caller re-reads the clock when it wakes (decisions read the clock,
+    waits stay real).
+    """
+    if isinstance(clock, SystemClock):
+        return None if seconds is None else max(0.0, seconds)
+    return FAKE_CLOCK_TICK if seconds is None else min(max(0.0, seconds), FAKE_CLOCK_TICK)

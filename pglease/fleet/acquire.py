@@ -16,6 +16,24 @@ queue, so fair waiters are served in the order they arrived, across hosts.
 Besides the wake-ups above a fair waiter also wakes when the head's queue
 entry would run out (a dead head), and every third of its own entry's ttl to
 refresh it. On timeout, error or cancellation its entry is deleted.
+
+Busy rows: a claim that waits for the lease row's lock longer than the store's
+``lock_timeout`` (a stalled transaction holds it) fails with SQLSTATE 55P03
+and changes nothing; acquire counts that as "busy" and tries again until its
+own `timeout`, which then raises `AcquireTimeoutError` as for a held lease.
+
+Errors: every other driver error becomes a `PgleaseError`
+(`pglease.postgres._core.driver_error`, worded with the store's limits): a
+connection that broke while the claim was in flight is a
+`CommitOutcomeUnknownError` (the claim may have committed under this call's
+token), a pool or connect failure a `DatabaseUnavailableError`.
+
+Clock: the deadline of `timeout`, and the instant a won claim's trust window
+starts from, read ``clock`` (`pglease.clock.Clock`, the system clock by
+default; `hold` uses its keeper's). Waits stay real: the holder's expiry is a
+real delay computed from the database's clock, and under any other clock the
+waiter re-reads it at least every `FAKE_CLOCK_TICK` without a database round
+trip, so advancing a fake clock past the deadline ends the wait.
 """
 
 from __future__ import annotations
@@ -28,19 +46,26 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import psycopg
 
 from .._common import claim_args
-from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import (
+    AcquireTimeoutError,
+    LeaseLostError,
+    LockTimeoutError,
+    PgleaseError,
+    ValidationError,
+)
 from ..ids import token_hash
 from ..postgres import _core
 from ..types import Claim, Owner
 from ..validation import check_timeout
 from ._rooms import AsyncRoom, Member, SyncRoom, join_async, join_sync
 from ._sql import FleetQueries
-from ._timing import Timing
+from ._timing import Timing, real_wait
 from .keeper import AsyncKeeper, Keeper
 from .lease import AsyncHeldLease, HeldLease, LostCallback
 
@@ -53,6 +78,12 @@ MIN_WAITER_TTL = 1.0
 MAX_WAITER_TTL = 30.0
 #: Wake this long after the computed expiry, so the claim is not judged early.
 _EXPIRY_SLACK = 0.001
+#: After a claim gave up on a locked lease row (lock_timeout), try again after
+#: this (real seconds): the lock wait itself was the wait, this only keeps a
+#: tiny lock_timeout from spinning.
+BUSY_PAUSE = 0.05
+#: A stoppable wait (an election) looks at its stop flag this often.
+STOP_POLL = 0.25
 
 
 class SyncLeaseStore(Protocol):
@@ -131,8 +162,29 @@ class _Plan:
         )
 
 
-def _translate(exc: psycopg.Error) -> BaseException:
-    return _core.translate(exc) or exc
+def _limits(store: object) -> _core.Limits | None:
+    """The store's time limits, to word its errors (None for other stores)."""
+    limits = getattr(store, "_limits", None)
+    return limits if isinstance(limits, _core.Limits) else None
+
+
+def _busy(exc: psycopg.Error) -> bool:
+    """The claim waited out the store's lock_timeout on the lease row: nothing changed."""
+    return isinstance(exc, psycopg.errors.LockNotAvailable)
+
+
+def _attempt_error(
+    exc: psycopg.Error, broken: bool, store: SyncLeaseStore | AsyncLeaseStore, plan: _Plan
+) -> PgleaseError:
+    """A claim attempt's driver error as a PgleaseError (`broken`: the connection died)."""
+    if broken:
+        unknown = _core.claim_unknown(plan.rid, plan.owner, plan.token, plan.ttl, store.dsn)
+        return unknown(exc)
+    return _core.driver_error(exc, _limits(store), store.dsn)
+
+
+def _raise_typed(error: PgleaseError, exc: psycopg.Error) -> NoReturn:
+    raise error from _core.cause_of(error, exc)
 
 
 class _NoLock:
@@ -155,8 +207,54 @@ _NO_LOCK = _NoLock()
 _NO_ALOCK = _NoLock()
 
 
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else deadline - time.monotonic()
+def _left(clock: Clock, deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - clock.monotonic()
+
+
+class _Pause:
+    """How long one wait between attempts may last, and when it is over.
+
+    Until the first of: a wake-up from the room (the caller waits on it), the
+    holder's expiry (`wake_in`, real seconds), the deadline (on `clock`), a
+    fallback re-check (no working room: `FALLBACK_POLL`), a stop request.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        deadline: float | None,
+        wake_in: float | None,
+        poll: bool,
+        stop: Any = None,
+    ) -> None:
+        now = time.monotonic()
+        self.clock = clock
+        self.deadline = deadline
+        self.end = None if wake_in is None else now + wake_in
+        if poll:
+            # No watcher: a release would go unnoticed until the expiry.
+            self.end = _min_wait(self.end, now + FALLBACK_POLL)
+        self.stop = stop
+
+    def next_wait(self) -> float | None:
+        """Real seconds to wait next; <= 0 when the pause is over."""
+        if self.stop is not None and self.stop.is_set():
+            return 0.0
+        left = _left(self.clock, self.deadline)
+        if left is not None and left <= 0:
+            return 0.0
+        wait = real_wait(self.clock, left)
+        if self.end is not None:
+            wait = _min_wait(wait, self.end - time.monotonic())
+        if self.stop is not None:
+            wait = _min_wait(wait, STOP_POLL)
+        return wait
+
+
+def _same_clock(keeper_clock: Clock, clock: Clock | None) -> None:
+    """A held lease's trust window is on its keeper's clock: refuse another one."""
+    if clock is not None and clock != keeper_clock:
+        raise ValidationError(f"clock {clock!r} is not the keeper's clock {keeper_clock!r}")
 
 
 def _min_wait(a: float | None, b: float | None) -> float | None:
@@ -180,20 +278,21 @@ def _acquire(
     fair: bool,
     use_watcher: bool,
     stop: Any = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[Claim, float]:
-    """(claim, monotonic start of the request that won it)."""
+    """(claim, start on `clock` of the request that won it)."""
     timeout = _check_timeout(timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is None else clock.monotonic() + timeout
     rid = store.ensure_resource(resource_type, key)
     plan = _Plan(store.schema, rid, owner, ttl, fair)
     room: SyncRoom | None = None
     member: Member | None = None
     if use_watcher and timeout != 0:
-        room, member = join_sync(store, rid, fair)
+        room, member = join_sync(store, rid, fair, clock)
     won = False
     try:
         if room is not None:
-            room.await_ready(_left(deadline))
+            room.await_ready(_left(clock, deadline))
         first = True
         while True:
             query, args = plan.query()
@@ -203,38 +302,54 @@ def _acquire(
             # time per room, so local wake-up order is the database's order.
             enqueue = room.enqueue if room is not None and fair and first else _NO_LOCK
             with enqueue:
-                started = time.monotonic()
-                try:
-                    with store.connection() as conn:
-                        row = conn.execute(query, args).fetchone()
-                except psycopg.Error as exc:
-                    raise _translate(exc) from None
+                started = clock.monotonic()
+                row = _attempt(store, plan, query, args)
                 if first and room is not None and member is not None:
                     room.rank(member)
             first = False
-            assert row is not None
-            outcome = plan.outcome(row)
+            outcome = _Outcome(None, BUSY_PAUSE) if row is None else plan.outcome(row)
             if outcome.claim is not None:
                 won = True
                 return outcome.claim, started
-            left = _left(deadline)
+            left = _left(clock, deadline)
             if left is not None and left <= 0:
                 raise plan.timeout_error(timeout)
             if stop is not None and stop.is_set():
                 raise AcquireTimeoutError("acquire stopped")
-            wait = _min_wait(outcome.wake_in, left)
-            if stop is not None:
-                wait = _min_wait(wait, 0.25)  # notice a stop request; not a database poll
-            if room is not None and member is not None:
-                room.wait(member, wait, FALLBACK_POLL)
-            elif wait is None or wait > 0:
-                # No watcher: a release would go unnoticed until the expiry.
-                time.sleep(FALLBACK_POLL if wait is None else min(wait, FALLBACK_POLL))
+            poll = room is None or room.broken
+            pause = _Pause(clock, deadline, outcome.wake_in, poll, stop)
+            while (wait := pause.next_wait()) is None or wait > 0:
+                if room is not None and member is not None:
+                    if room.wait(member, wait):
+                        break
+                elif wait is not None:
+                    time.sleep(wait)
     finally:
         if room is not None and member is not None:
             room.leave(member, won)
         if plan.waiter is not None and not won:
             _leave_queue(store, plan)
+
+
+def _attempt(
+    store: SyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
+) -> Sequence[Any] | None:
+    """One claim round trip: its row, or None when the lease row stayed locked."""
+    try:
+        with store.connection() as conn:
+            try:
+                row = conn.execute(query, args).fetchone()
+            except psycopg.Error as exc:
+                if _busy(exc):
+                    log.debug("acquire %s: lease row locked (lock_timeout), retrying", plan.rid)
+                    return None
+                _raise_typed(_attempt_error(exc, conn.broken, store, plan), exc)
+    except psycopg.Error as exc:  # checking a connection out: nothing was sent
+        _raise_typed(_core.driver_error(exc, _limits(store), store.dsn), exc)
+    except LockTimeoutError:  # a store that words 55P03 itself
+        return None
+    assert row is not None
+    return tuple(row)
 
 
 def _leave_queue(store: SyncLeaseStore, plan: _Plan) -> None:
@@ -256,14 +371,20 @@ def acquire(
     *,
     fair: bool = False,
     use_watcher: bool = True,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Claim:
     """Claim the lease on (type, key), waiting while another holder has it.
 
-    Waits at most `timeout` seconds (None: forever; 0: one attempt), then
-    raises `AcquireTimeoutError`, leaving nothing behind (a fair waiter's queue
-    entry is deleted). Returns a plain `Claim` (not renewed: use `hold` for that).
+    Waits at most `timeout` seconds on `clock` (None: forever; 0: one
+    attempt), then raises `AcquireTimeoutError`, leaving nothing behind (a fair
+    waiter's queue entry is deleted); a lease row locked past the store's
+    lock_timeout counts as held. Returns a plain `Claim` (not renewed: use
+    `hold` for that). Raises only `PgleaseError`s.
     """
-    return _acquire(store, resource_type, key, owner, ttl, timeout, fair, use_watcher)[0]
+    claim, _ = _acquire(
+        store, resource_type, key, owner, ttl, timeout, fair, use_watcher, None, clock
+    )
+    return claim
 
 
 @contextmanager
@@ -281,6 +402,7 @@ def hold(
     on_lost: LostCallback | None = None,
     keeper: Keeper | None = None,
     use_watcher: bool = True,
+    clock: Clock | None = None,
 ) -> Iterator[HeldLease]:
     """``with hold(store, type, key, owner, ttl) as lease:`` acquire (waiting up to
     `timeout`), keep the lease alive from the store's keeper thread, release on exit.
@@ -288,14 +410,22 @@ def hold(
     Inside, call `lease.check()` before side effects, pass `lease.generation`
     downstream, write with `store.mutate(lease.permit(revision), ...)`, or wait
     on `lease.lost`. Timing: renew every `interval` (default ttl/3), trust until
-    ``request start + ttl - margin``; see `Timing`.
+    ``request start + ttl - margin``; see `Timing`. `clock` (default: the
+    keeper's, else the system clock) decides the timeout and the trust window.
+
+    The keeper's connection is taken before claiming: if none can be had, this
+    raises `DatabaseUnavailableError` at once and claims nothing. Raises only
+    `PgleaseError`s (and the body's own exceptions).
     """
     timing = Timing.of(ttl, interval, margin)  # bad settings fail before any claim
     # Not `keeper or ...`: a keeper with no leases yet is falsy (it has __len__).
-    keeper = keeper if keeper is not None else Keeper.for_store(store)
+    keeper = keeper if keeper is not None else Keeper.for_store(store, clock or SYSTEM_CLOCK)
+    _same_clock(keeper.clock, clock)
+    keeper.connect()
     claim, requested_at = _acquire(
-        store, resource_type, key, owner, timing.ttl, timeout, fair, use_watcher
-    )
+        store, resource_type, key, owner, timing.ttl, timeout, fair, use_watcher,
+        clock=keeper.clock,
+    )  # fmt: skip
     lease = keeper.add(claim, timing, requested_at)
     if on_lost is not None:
         lease.on_lost(on_lost)
@@ -339,19 +469,20 @@ async def _acquire_async(
     timeout: float | None,
     fair: bool,
     use_watcher: bool,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[Claim, float]:
     timeout = _check_timeout(timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is None else clock.monotonic() + timeout
     rid = await store.ensure_resource(resource_type, key)
     plan = _Plan(store.schema, rid, owner, ttl, fair)
     room: AsyncRoom | None = None
     member: Member | None = None
     if use_watcher and timeout != 0:
-        room, member = join_async(store, rid, fair)
+        room, member = join_async(store, rid, fair, clock)
     won = False
     try:
         if room is not None:
-            await room.await_ready(_left(deadline))
+            await room.await_ready(_left(clock, deadline))
         first = True
         while True:
             query, args = plan.query()
@@ -359,35 +490,53 @@ async def _acquire_async(
                 member.consume()
             enqueue = room.enqueue if room is not None and fair and first else _NO_ALOCK
             async with enqueue:
-                started = time.monotonic()
-                try:
-                    async with store.connection() as conn:
-                        cur = await conn.execute(query, args)
-                        row = await cur.fetchone()
-                except psycopg.Error as exc:
-                    raise _translate(exc) from None
+                started = clock.monotonic()
+                row = await _attempt_async(store, plan, query, args)
                 if first and room is not None and member is not None:
                     room.rank(member)
             first = False
-            assert row is not None
-            outcome = plan.outcome(row)
+            outcome = _Outcome(None, BUSY_PAUSE) if row is None else plan.outcome(row)
             if outcome.claim is not None:
                 won = True
                 return outcome.claim, started
-            left = _left(deadline)
+            left = _left(clock, deadline)
             if left is not None and left <= 0:
                 raise plan.timeout_error(timeout)
-            wait = _min_wait(outcome.wake_in, left)
-            if room is not None and member is not None:
-                await room.wait(member, wait, FALLBACK_POLL)
-            elif wait is None or wait > 0:
-                await asyncio.sleep(FALLBACK_POLL if wait is None else min(wait, FALLBACK_POLL))
+            pause = _Pause(clock, deadline, outcome.wake_in, room is None or room.broken)
+            while (wait := pause.next_wait()) is None or wait > 0:
+                if room is not None and member is not None:
+                    if await room.wait(member, wait):
+                        break
+                elif wait is not None:
+                    await asyncio.sleep(wait)
     finally:
         if room is not None and member is not None:
             room.leave(member, won)  # synchronous: done even when cancelled
         # Shielded: a cancelled waiter still takes its queue entry with it.
         cleanup = asyncio.ensure_future(_cleanup_async(store, plan, won))
         await asyncio.shield(cleanup)
+
+
+async def _attempt_async(
+    store: AsyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
+) -> Sequence[Any] | None:
+    """The asyncio twin of `_attempt`."""
+    try:
+        async with store.connection() as conn:
+            try:
+                cur = await conn.execute(query, args)
+                row = await cur.fetchone()
+            except psycopg.Error as exc:
+                if _busy(exc):
+                    log.debug("acquire %s: lease row locked (lock_timeout), retrying", plan.rid)
+                    return None
+                _raise_typed(_attempt_error(exc, conn.broken, store, plan), exc)
+    except psycopg.Error as exc:
+        _raise_typed(_core.driver_error(exc, _limits(store), store.dsn), exc)
+    except LockTimeoutError:
+        return None
+    assert row is not None
+    return tuple(row)
 
 
 async def _cleanup_async(store: AsyncLeaseStore, plan: _Plan, won: bool) -> None:
@@ -410,12 +559,13 @@ async def acquire_async(
     *,
     fair: bool = False,
     use_watcher: bool = True,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> Claim:
     """Asyncio twin of `acquire`. Cancelling it removes a fair waiter's queue entry;
     a claim whose request was in flight when cancelled may be won unseen and then
     simply runs out after `ttl`."""
     claim, _ = await _acquire_async(
-        store, resource_type, key, owner, ttl, timeout, fair, use_watcher
+        store, resource_type, key, owner, ttl, timeout, fair, use_watcher, clock
     )
     return claim
 
@@ -436,6 +586,7 @@ async def hold_async(
     keeper: AsyncKeeper | None = None,
     release_on_cancel: bool = False,
     use_watcher: bool = True,
+    clock: Clock | None = None,
 ) -> AsyncIterator[AsyncHeldLease]:
     """``async with hold_async(store, type, key, owner, ttl) as lease:`` the asyncio
     twin of `hold`, renewed by the loop's `AsyncKeeper` task.
@@ -443,12 +594,16 @@ async def hold_async(
     On normal exit or an exception the lease is released. When the body is
     cancelled the lease is by default only abandoned (no longer renewed, marked
     lost, left to run out): a cancelled task should not start new I/O. Pass
-    ``release_on_cancel=True`` to release it in a shielded call instead.
+    ``release_on_cancel=True`` to release it in a shielded call instead. As in
+    `hold`, the keeper's connection is taken before claiming.
     """
     timing = Timing.of(ttl, interval, margin)
-    keeper = keeper if keeper is not None else AsyncKeeper.for_store(store)
+    if keeper is None:
+        keeper = AsyncKeeper.for_store(store, clock or SYSTEM_CLOCK)
+    _same_clock(keeper.clock, clock)
+    await keeper.connect()
     claim, requested_at = await _acquire_async(
-        store, resource_type, key, owner, timing.ttl, timeout, fair, use_watcher
+        store, resource_type, key, owner, timing.ttl, timeout, fair, use_watcher, keeper.clock
     )
     lease = keeper.add(claim, timing, requested_at)
     if on_lost is not None:

@@ -23,7 +23,8 @@ Exit codes: the command's own; 128+N when it died of signal N (or the runner
 was stopped by signal N before it started); 75 when the lease was lost, or
 about to be, while the command ran (the command was stopped); 127 when the
 command was not found, 126 when it could not be run; 3 when ``--timeout`` ran
-out before the lease was acquired; 2 usage; 1 other errors.
+out before the lease was acquired; 2 usage; 1 other errors (among them: no
+database connection for the keeper, reported before anything is claimed).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from types import FrameType
 from typing import Any
 
@@ -45,7 +45,7 @@ import psycopg
 from ..cli_support import EXIT_HELD, EXIT_USAGE, fail, open_store, owner_arg
 from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError
 from ..types import Claim
-from ._timing import Timing
+from ._timing import Timing, real_wait
 from .acquire import hold
 from .keeper import Keeper
 from .lease import HeldLease
@@ -140,7 +140,12 @@ def _exit_code(returncode: int) -> int:
 
 
 class _Supervisor:
-    """Runs the command's stop schedule against the lease's trust window."""
+    """Runs the command's stop schedule against the lease's trust window.
+
+    Every instant of the schedule is read from the lease's clock (its keeper's);
+    the waits between them are real (`real_wait`), so under a fake clock the
+    supervisor acts at its next wake-up after the clock was advanced.
+    """
 
     def __init__(
         self,
@@ -155,6 +160,7 @@ class _Supervisor:
         self.grace = grace
         self.received = received
         self.wake = wake
+        self.clock = lease.clock
         #: The runner stopped the command because of the lease.
         self.stopped_for_lease = False
         # When the command got SIGTERM (or a forwarded signal): SIGKILL follows
@@ -170,12 +176,12 @@ class _Supervisor:
             if seen < len(self.received):
                 seen = len(self.received)  # the handler already forwarded them
                 if self._term_at is None:
-                    self._term_at = time.monotonic()
+                    self._term_at = self.clock.monotonic()
             if self.child.poll() is not None:
                 return self.child.returncode
             with contextlib.suppress(LeaseLostError):
                 self.lease.check()  # the clock decides even if no thread noticed yet
-            now = time.monotonic()
+            now = self.clock.monotonic()
             # A loss the database reported (taken over) ends trust at once, so
             # the command is killed straight away: someone else may hold it now.
             closes = self.lease.trusted_until
@@ -196,7 +202,7 @@ class _Supervisor:
                     self._stop("the lease's trust window closed; killing the command")
                 return self._kill()
             wake_at = kill_at if self._term_at is not None else closes - self.grace
-            self.wake.wait(max(0.0, wake_at - time.monotonic()))
+            self.wake.wait(real_wait(self.clock, wake_at - self.clock.monotonic()))
 
     def _stop(self, message: str) -> None:
         if not self.stopped_for_lease:

@@ -6,6 +6,10 @@ and the known expiry, not a poll), then keeps the lease with the keeper. It
 is deposed the moment the lease is lost (taken over, or its trust window
 closed) and then campaigns again. Stopping with ``resign=True`` releases the
 lease so another candidate is elected at once.
+
+A candidate takes its keeper's connection before each campaign: while none can
+be had it does not claim, it logs and tries again. ``clock=`` (default: the
+keeper's, else the system clock) decides the trust window, as for `hold`.
 """
 
 from __future__ import annotations
@@ -21,11 +25,12 @@ from typing import Any
 
 import psycopg
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError, UnknownResourceError
 from ..ids import resource_id
 from ..types import Owner, ResourceState
-from ._timing import Timing
-from .acquire import AsyncLeaseStore, SyncLeaseStore, _acquire, _acquire_async
+from ._timing import Timing, real_wait
+from .acquire import AsyncLeaseStore, SyncLeaseStore, _acquire, _acquire_async, _same_clock
 from .keeper import AsyncKeeper, Keeper
 from .lease import AsyncHeldLease, HeldLease
 
@@ -96,6 +101,7 @@ class Election:
         on_deposed: Callable[[HeldLease], object] | None = None,
         keeper: Keeper | None = None,
         fair: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.timing = Timing.of(ttl, interval, margin)
         resource_id(ELECTION_TYPE, name)  # validate the name now
@@ -103,7 +109,10 @@ class Election:
         self.candidate = candidate
         self._store = store
         # Not `keeper or ...`: a keeper with no leases yet is falsy (it has __len__).
-        self._keeper = keeper if keeper is not None else Keeper.for_store(store)
+        self._keeper = (
+            keeper if keeper is not None else Keeper.for_store(store, clock or SYSTEM_CLOCK)
+        )
+        _same_clock(self._keeper.clock, clock)
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._fair = fair
@@ -148,10 +157,12 @@ class Election:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            clock = self._keeper.clock
             try:
+                self._keeper.connect()  # no claim it could not renew
                 claim, requested_at = _acquire(
                     self._store, ELECTION_TYPE, self.name, self.candidate, self.timing.ttl,
-                    None, self._fair, True, stop=self._stop,
+                    None, self._fair, True, stop=self._stop, clock=clock,
                 )  # fmt: skip
             except AcquireTimeoutError:
                 break
@@ -165,7 +176,7 @@ class Election:
             self._lease = lease
             self._elected.set()
             _call(self._on_elected, lease, "on_elected")
-            while not self._wake.wait(max(0.0, lease.time_left())):
+            while not self._wake.wait(real_wait(clock, lease.time_left())):
                 with contextlib.suppress(LeaseLostError):
                     lease.check()  # the clock decides even if the watchdog is late
             self._elected.clear()
@@ -212,6 +223,7 @@ class AsyncElection:
         on_deposed: Callable[[AsyncHeldLease], object] | None = None,
         keeper: AsyncKeeper | None = None,
         fair: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.timing = Timing.of(ttl, interval, margin)
         resource_id(ELECTION_TYPE, name)
@@ -219,6 +231,9 @@ class AsyncElection:
         self.candidate = candidate
         self._store = store
         self._keeper = keeper
+        if keeper is not None:
+            _same_clock(keeper.clock, clock)
+        self._clock = clock or SYSTEM_CLOCK
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._fair = fair
@@ -269,12 +284,15 @@ class AsyncElection:
             await task
 
     async def _run(self) -> None:
-        keeper = self._keeper if self._keeper is not None else AsyncKeeper.for_store(self._store)
+        keeper = self._keeper
+        if keeper is None:
+            keeper = AsyncKeeper.for_store(self._store, self._clock)
         while not self._stop.is_set():
             try:
+                await keeper.connect()  # no claim it could not renew
                 claim, requested_at = await _acquire_async(
                     self._store, ELECTION_TYPE, self.name, self.candidate, self.timing.ttl,
-                    None, self._fair, True,
+                    None, self._fair, True, keeper.clock,
                 )  # fmt: skip
             except (PgleaseError, psycopg.Error, OSError) as exc:
                 log.warning("election %s: campaign failed, retrying: %s", self.name, exc)

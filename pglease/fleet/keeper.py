@@ -23,6 +23,22 @@ That covers a peer that acknowledges bytes but never answers (a frozen server,
 a half-open proxy), which neither `statement_timeout` (server side) nor TCP
 keepalives notice; keepalives and ``tcp_user_timeout`` are set as well, so a
 dead TCP peer is noticed between beats too.
+
+Connection: a keeper opens its connection when a lease is about to be held
+(`connect`, which `hold`, `hold_async`, elections and `pglease hold` call
+before claiming), so a host that cannot get one fails at once with a
+`PgleaseError` instead of claiming a lease it cannot renew. The session is
+set up with plain ``SET`` statements after connecting, never libpq startup
+``options`` (PgBouncer refuses those), and is named ``pglease-keeper-<schema>``
+in ``pg_stat_activity``. Afterwards a broken connection is replaced at the
+next beat; its errors never reach the holder, only the loss they may cause.
+
+Clock: due times, lateness, trust windows and the beat limit's size read the
+keeper's `pglease.clock.Clock` (``clock=``, the system clock by default).
+Waits stay real: under any other clock (a test's `FakeClock`) the threads (the
+task) wake at least every `FAKE_CLOCK_TICK` to re-read it, so advancing a fake
+clock takes effect within that, and the cut-off of a stuck statement stays a
+real-time bound.
 """
 
 from __future__ import annotations
@@ -41,12 +57,14 @@ from typing import Any, ClassVar, Protocol
 
 import psycopg
 
-from ..errors import LeaseLostError, PgleaseError
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import DatabaseUnavailableError, LeaseLostError, PgleaseError
 from ..ids import token_hash
+from ..postgres import _core
 from ..types import Claim
 from ._keeper_core import TRUST_CLOSED, KeeperCore, KeeperStats
 from ._sql import FleetQueries
-from ._timing import Timing
+from ._timing import Timing, real_wait
 from .lease import AsyncHeldLease, HeldLease
 
 log = logging.getLogger("pglease.fleet")
@@ -87,19 +105,31 @@ def _release_args(claim: Claim) -> list[Any]:
     ]
 
 
-def _connect_kwargs(connect_timeout: float) -> dict[str, Any]:
+#: Run once on every new keeper connection. Plain SETs, not libpq startup
+#: `options`: PgBouncer refuses startup parameters it does not know.
+#:
+#: plan_cache_mode: psycopg prepares a statement after five runs, and a
+#: generic plan cannot see the heartbeat arrays' lengths. A keeper beats a few
+#: leases at a time and then, once due times coalesce, thousands: measured on
+#: the 2-core box, a 10,000-lease beat after seven 1-lease beats took
+#: 4.4-11.6 s with the generic plan (past statement_timeout) and 260-330 ms
+#: with a custom one. Planning costs well under 1 ms.
+SESSION_SETUP = (
+    f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}; SET plan_cache_mode = force_custom_plan"
+).encode()
+_CONNECT_FAILED = "pglease keeper: cannot connect to PostgreSQL for heartbeats"
+
+
+def application_name(schema: str) -> str:
+    """How a keeper's backend is named in pg_stat_activity (63 bytes at most)."""
+    return f"pglease-keeper-{schema}"[:63]
+
+
+def _connect_kwargs(connect_timeout: float, schema: str) -> dict[str, Any]:
     return {
         "autocommit": True,
         "connect_timeout": max(1, math.ceil(connect_timeout)),
-        # plan_cache_mode: psycopg prepares a statement after five runs, and a
-        # generic plan cannot see the heartbeat arrays' lengths. A keeper beats
-        # a few leases at a time and then, once due times coalesce, thousands:
-        # measured on the 2-core box, a 10,000-lease beat after seven 1-lease
-        # beats took 4.4-11.6 s with the generic plan (past statement_timeout)
-        # and 260-330 ms with a custom one. Planning costs well under 1 ms.
-        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"
-        " -c plan_cache_mode=force_custom_plan",
-        "application_name": "pglease-keeper",
+        "application_name": application_name(schema),
         # TCP only (libpq ignores them on a Unix socket): notice a dead peer
         # while idle between beats (keepalives) and while a request stays
         # unacknowledged (tcp_user_timeout), instead of the kernel's ~15 min.
@@ -113,11 +143,20 @@ def _connect_kwargs(connect_timeout: float) -> dict[str, Any]:
     }
 
 
+def _connect_error(exc: psycopg.Error, dsn: str) -> PgleaseError:
+    """A failed connect or session setup, as the holder sees it."""
+    if isinstance(exc, psycopg.OperationalError):
+        # Refused, unreachable, auth, "too many connections" (53300): no connection.
+        return _core.unavailable(exc, _CONNECT_FAILED, dsn)
+    return _core.driver_error(exc, None, dsn)
+
+
 @dataclass
 class _InFlight:
     """A statement running on the sync keeper's connection, and when to give up on it."""
 
     conn: psycopg.Connection[Any]
+    #: Real `time.monotonic()` instant: a bound on a real wait, whatever the clock.
     until: float
     aborted: bool = False
 
@@ -148,21 +187,31 @@ class Keeper:
     """Renews every lease added to it, in one round trip per beat, on its own thread.
 
     Normally you do not create one: `hold` uses `Keeper.for_store(store)`, one
-    per store object (that is, per host process). Close it to stop renewing
-    (held leases then run out; they are not released).
+    per store object (that is, per host process) and clock. Close it to stop
+    renewing (held leases then run out; they are not released). `clock`
+    decides due times and trust windows (see the module docstring).
     """
 
-    _shared: ClassVar[weakref.WeakKeyDictionary[Any, Keeper]] = weakref.WeakKeyDictionary()
+    _shared: ClassVar[weakref.WeakKeyDictionary[Any, dict[Clock, Keeper]]] = (
+        weakref.WeakKeyDictionary()
+    )
     _shared_lock = threading.Lock()
 
-    def __init__(self, store: StoreInfo, *, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, store: StoreInfo, *, connect_timeout: float = 5.0, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._dsn = store.dsn
+        self._schema = store.schema
         self._q = FleetQueries(store.schema)
         self._release_q = _release_sql(store.schema)
         self._connect_timeout = connect_timeout
-        self._core: KeeperCore[HeldLease] = KeeperCore()
+        self.clock = clock
+        self._core: KeeperCore[HeldLease] = KeeperCore(clock)
         self._cond = threading.Condition()
         self._closed = False
+        # Guards opening and dropping `_conn`: `connect` runs in the holder's
+        # thread, everything else on the beater thread.
+        self._conn_lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._inflight: _InFlight | None = None
         self._beater = threading.Thread(target=self._run, name="pglease-keeper", daemon=True)
@@ -173,13 +222,13 @@ class Keeper:
         self._watchdog.start()
 
     @classmethod
-    def for_store(cls, store: StoreInfo) -> Keeper:
-        """The shared keeper of `store` (created on first use)."""
+    def for_store(cls, store: StoreInfo, clock: Clock = SYSTEM_CLOCK) -> Keeper:
+        """The shared keeper of `store` on `clock` (created on first use)."""
         with cls._shared_lock:
-            keeper = cls._shared.get(store)
+            per_clock = cls._shared.setdefault(store, {})
+            keeper = per_clock.get(clock)
             if keeper is None or keeper._closed:
-                keeper = cls(store)
-                cls._shared[store] = keeper
+                keeper = per_clock[clock] = cls(store, clock=clock)
             return keeper
 
     @property
@@ -204,13 +253,25 @@ class Keeper:
         for thread in (self._beater, self._watchdog):
             if thread is not threading.current_thread():
                 thread.join(timeout=15)
-        with contextlib.suppress(Exception):
-            if self._conn is not None:
-                self._conn.close()
+        self._drop_connection()
+
+    def connect(self) -> None:
+        """Open the keeper's connection now unless it has a live one.
+
+        `hold` calls this before claiming: a host that cannot get a connection
+        (server down, no free connection slot, bad credentials) fails at once
+        with `DatabaseUnavailableError` (a `PgleaseError`) instead of holding a
+        lease it cannot renew. No round trip when a connection is open.
+        """
+        if self._closed:
+            raise PgleaseError("the keeper is closed")
+        self._connection()
 
     def add(self, claim: Claim, timing: Timing, requested_at: float) -> HeldLease:
-        """Keep `claim` alive; `requested_at` is the monotonic time its claim request started."""
-        lease = HeldLease(claim, timing, requested_at)
+        """Keep `claim` alive; `requested_at` is the instant (on the keeper's clock)
+        its claim request started. No I/O: call `connect` first to learn early
+        that the keeper cannot reach the database."""
+        lease = HeldLease(claim, timing, requested_at, self.clock)
         with self._cond:
             if self._closed:
                 raise PgleaseError("the keeper is closed")
@@ -230,14 +291,15 @@ class Keeper:
     def _watch(self) -> None:
         """Close trust windows on time, and cut off a statement stuck on a dead
         connection; no database I/O here, so nothing can block it."""
+        clock = self.clock
         while True:
             with self._cond:
                 if self._closed:
                     return
-                now = time.monotonic()
-                lost = self._core.sweep(now)
+                lost = self._core.sweep(clock.monotonic())
                 inflight = self._inflight
-                if inflight is not None and not inflight.aborted and inflight.until <= now:
+                real_now = time.monotonic()
+                if inflight is not None and not inflight.aborted and inflight.until <= real_now:
                     inflight.aborted = True
                     self._core.stats.aborted += 1
                     log.warning(
@@ -245,14 +307,14 @@ class Keeper:
                     )
                     _abort(inflight.conn)
                 deadline = self._core.next_deadline()
+                wait = real_wait(clock, None if deadline is None else deadline - clock.monotonic())
                 if inflight is not None and not inflight.aborted:
-                    deadline = inflight.until if deadline is None else min(deadline, inflight.until)
+                    cut_off = max(0.0, inflight.until - time.monotonic())
+                    wait = cut_off if wait is None else min(wait, cut_off)
                 if lost:
                     self._cond.notify_all()  # the beater releases them
                 else:
-                    self._cond.wait(
-                        None if deadline is None else max(0.0, deadline - time.monotonic())
-                    )
+                    self._cond.wait(wait)
             for lease in lost:
                 lease._lose(TRUST_CLOSED)
 
@@ -261,7 +323,7 @@ class Keeper:
             with self._cond:
                 if self._closed:
                     return
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 # Lost leases are never renewed again. Whichever thread sweeps a
                 # lease first must signal its loss: the watchdog will not see it.
                 lost = self._core.sweep(now)
@@ -269,7 +331,7 @@ class Keeper:
                 batch = self._core.due_batch(now)
                 if not batch and not to_release:
                     due = self._core.next_due()
-                    self._cond.wait(None if due is None else max(0.0, due - now))
+                    self._cond.wait(real_wait(self.clock, None if due is None else due - now))
                     continue
             for lease in lost:
                 lease._lose(TRUST_CLOSED)
@@ -279,15 +341,30 @@ class Keeper:
                 self._beat(batch)
 
     def _connection(self) -> psycopg.Connection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self._dsn, **_connect_kwargs(self._connect_timeout))
-        return self._conn
+        """The live connection, opened if needed (PgleaseError if it cannot be)."""
+        with self._conn_lock:
+            if self._conn is None or self._conn.closed:
+                self._conn = None
+                try:
+                    conn = psycopg.connect(
+                        self._dsn, **_connect_kwargs(self._connect_timeout, self._schema)
+                    )
+                except psycopg.Error as exc:
+                    raise _connect_error(exc, self._dsn) from exc
+                try:
+                    conn.execute(SESSION_SETUP)
+                except psycopg.Error as exc:
+                    conn.close()
+                    raise _connect_error(exc, self._dsn) from exc
+                self._conn = conn
+            return self._conn
 
     def _drop_connection(self) -> None:
-        if self._conn is not None:
+        with self._conn_lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
             with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
+                conn.close()
 
     def _execute(self, query: bytes, args: list[Any], limit: float) -> list[Any]:
         """Run one statement on the keeper's connection; the watchdog aborts it
@@ -303,18 +380,19 @@ class Keeper:
                 self._inflight = None
 
     def _beat(self, batch: list[HeldLease]) -> None:
-        started = time.monotonic()
+        started = self.clock.monotonic()
+        real_start = time.monotonic()
         try:
             rows = self._execute(
                 self._q.heartbeat, self._core.args(batch), self._core.beat_limit(batch, started)
             )
-        except (psycopg.Error, OSError) as exc:
+        except (psycopg.Error, PgleaseError, OSError) as exc:
             self._drop_connection()
             with self._cond:
                 self._core.on_error(batch, exc)
             return
         with self._cond:
-            gone = self._core.on_rows(batch, rows, started)
+            gone = self._core.on_rows(batch, rows, started, time.monotonic() - real_start)
         for lease, reason in gone:
             lease._lose(reason)
 
@@ -325,7 +403,7 @@ class Keeper:
         except psycopg.Error as exc:
             if exc.diag.sqlstate not in ("PGL03", "PGL04"):
                 self._drop_connection()
-        except OSError:
+        except (PgleaseError, OSError):
             self._drop_connection()
 
 
@@ -337,30 +415,35 @@ class AsyncKeeper:
     """
 
     _shared: ClassVar[
-        weakref.WeakKeyDictionary[Any, dict[asyncio.AbstractEventLoop, AsyncKeeper]]
+        weakref.WeakKeyDictionary[Any, dict[tuple[asyncio.AbstractEventLoop, Clock], AsyncKeeper]]
     ] = weakref.WeakKeyDictionary()
 
-    def __init__(self, store: StoreInfo, *, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, store: StoreInfo, *, connect_timeout: float = 5.0, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._dsn = store.dsn
+        self._schema = store.schema
         self._q = FleetQueries(store.schema)
         self._release_q = _release_sql(store.schema)
         self._connect_timeout = connect_timeout
-        self._core: KeeperCore[AsyncHeldLease] = KeeperCore()
+        self.clock = clock
+        self._core: KeeperCore[AsyncHeldLease] = KeeperCore(clock)
         self._loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
         self._closed = False
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        # `connect` (the holder's task) and the keeper task must not both open one.
+        self._conn_lock = asyncio.Lock()
         self._task = self._loop.create_task(self._run(), name="pglease-keeper")
 
     @classmethod
-    def for_store(cls, store: StoreInfo) -> AsyncKeeper:
-        """The shared keeper of `store` on the running loop (created on first use)."""
+    def for_store(cls, store: StoreInfo, clock: Clock = SYSTEM_CLOCK) -> AsyncKeeper:
+        """The shared keeper of `store` on the running loop and `clock` (created on first use)."""
         loop = asyncio.get_running_loop()
         per_loop = cls._shared.setdefault(store, {})
-        keeper = per_loop.get(loop)
+        keeper = per_loop.get((loop, clock))
         if keeper is None or keeper._closed or keeper._task.done():
-            keeper = cls(store)
-            per_loop[loop] = keeper
+            keeper = per_loop[(loop, clock)] = cls(store, clock=clock)
         return keeper
 
     @property
@@ -388,11 +471,18 @@ class AsyncKeeper:
                 await self._conn.close()
             self._conn = None
 
-    def add(self, claim: Claim, timing: Timing, requested_at: float) -> AsyncHeldLease:
-        """Keep `claim` alive; `requested_at` is the monotonic time its claim request started."""
+    async def connect(self) -> None:
+        """Open the keeper's connection now unless it has a live one; see `Keeper.connect`."""
         if self._closed:
             raise PgleaseError("the keeper is closed")
-        lease = AsyncHeldLease(claim, timing, requested_at, self._loop)
+        await self._connection()
+
+    def add(self, claim: Claim, timing: Timing, requested_at: float) -> AsyncHeldLease:
+        """Keep `claim` alive; `requested_at` is the instant (on the keeper's clock)
+        its claim request started. No I/O (see `connect`)."""
+        if self._closed:
+            raise PgleaseError("the keeper is closed")
+        lease = AsyncHeldLease(claim, timing, requested_at, self._loop, self.clock)
         old = self._core.add(lease)
         # The timer closes the trust window; wake the task so it drops the lease.
         lease.on_lost(lambda _e: self._changed.set())
@@ -406,8 +496,9 @@ class AsyncKeeper:
         self._core.remove(lease)
 
     async def _run(self) -> None:
+        clock = self.clock
         while not self._closed:
-            now = time.monotonic()
+            now = clock.monotonic()
             for lease in self._core.sweep(now):  # signal it whoever noticed first
                 lease._lose(TRUST_CLOSED)
             to_release, self._core.to_release = self._core.to_release, []
@@ -421,20 +512,37 @@ class AsyncKeeper:
             self._changed.clear()
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
             # cancellation that races with the event being set.
+            wait = real_wait(clock, None if due is None else due - clock.monotonic())
             try:
-                async with asyncio.timeout(
-                    None if due is None else max(0.0, due - time.monotonic())
-                ):
+                async with asyncio.timeout(wait):
                     await self._changed.wait()
             except TimeoutError:
                 pass
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await psycopg.AsyncConnection.connect(
-                self._dsn, **_connect_kwargs(self._connect_timeout)
-            )
-        return self._conn
+        """The live connection, opened if needed (PgleaseError if it cannot be)."""
+        async with self._conn_lock:
+            if self._conn is None or self._conn.closed:
+                self._conn = None
+                try:
+                    # A client-side bound too: psycopg's connect_timeout is per attempt.
+                    async with asyncio.timeout(self._connect_timeout + 1):
+                        conn = await psycopg.AsyncConnection.connect(
+                            self._dsn, **_connect_kwargs(self._connect_timeout, self._schema)
+                        )
+                except psycopg.Error as exc:
+                    raise _connect_error(exc, self._dsn) from exc
+                except TimeoutError as exc:
+                    raise DatabaseUnavailableError(
+                        f"{_CONNECT_FAILED}: no answer within {self._connect_timeout:g} s"
+                    ) from exc
+                try:
+                    await conn.execute(SESSION_SETUP)
+                except psycopg.Error as exc:
+                    await conn.close()
+                    raise _connect_error(exc, self._dsn) from exc
+                self._conn = conn
+            return self._conn
 
     async def _execute(
         self, conn: psycopg.AsyncConnection[Any], query: bytes, args: list[Any], limit: float
@@ -460,7 +568,8 @@ class AsyncKeeper:
                 await asyncio.wait_for(conn.close(), 1.0)
 
     async def _beat(self, batch: list[AsyncHeldLease]) -> None:
-        started = time.monotonic()
+        started = self.clock.monotonic()
+        real_start = time.monotonic()
         # A client-side bound too: a beat hung on a dead connection is abandoned
         # and retried on a new one before the trust windows close.
         limit = self._core.beat_limit(batch, started)
@@ -468,11 +577,12 @@ class AsyncKeeper:
             async with asyncio.timeout(limit + self._connect_timeout):
                 conn = await self._connection()
             rows = await self._execute(conn, self._q.heartbeat, self._core.args(batch), limit)
-        except (psycopg.Error, OSError, TimeoutError) as exc:
+        except (psycopg.Error, PgleaseError, OSError, TimeoutError) as exc:
             await self._drop_connection()
             self._core.on_error(batch, exc)
             return
-        for lease, reason in self._core.on_rows(batch, rows, started):
+        round_trip = time.monotonic() - real_start
+        for lease, reason in self._core.on_rows(batch, rows, started, round_trip):
             lease._lose(reason)
 
     async def _release_quietly(self, claim: Claim) -> None:
@@ -483,7 +593,7 @@ class AsyncKeeper:
         except psycopg.Error as exc:
             if exc.diag.sqlstate not in ("PGL03", "PGL04"):
                 await self._drop_connection()
-        except (OSError, TimeoutError):
+        except (PgleaseError, OSError, TimeoutError):
             await self._drop_connection()
 
 

@@ -1,7 +1,8 @@
 """Held leases: what `hold` hands to the code running under a lease.
 
 A held lease knows its fencing generation, its current `Claim` (kept fresh by
-the keeper) and the local monotonic instant until which it may trust itself.
+the keeper) and the instant, on its keeper's clock (`pglease.clock.Clock`,
+`time.monotonic()` by default), until which it may trust itself.
 It is lost, once and for good, when the keeper learns the database no longer
 has it (taken over, released, expired) or when the trust window closes
 without a successful renewal, even if the database cannot be reached.
@@ -22,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import LeaseLostError
 from ..types import Claim, Owner, Permit
-from ._timing import Timing
+from ._timing import Timing, real_wait
 
 log = logging.getLogger("pglease.fleet")
 
@@ -34,17 +36,22 @@ LostCallback = Callable[[LeaseLostError], object]
 class _LeaseBase:
     """State shared by the sync and asyncio held leases; guarded by `_lock`."""
 
-    def __init__(self, claim: Claim, timing: Timing, requested_at: float) -> None:
+    def __init__(
+        self, claim: Claim, timing: Timing, requested_at: float, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self._lock = threading.Lock()
         self._claim = claim
         self.timing = timing
+        #: The clock of the trust window (the keeper's): `deadline`, `lost_at`,
+        #: `next_due` and `requested_at` are its `monotonic()` readings.
+        self.clock = clock
         # The claim's request started at `requested_at`: the database set the
         # expiry at its own clock, no earlier, plus the ttl.
         self._deadline = requested_at + timing.ttl - timing.margin
-        #: When the keeper should renew next (monotonic).
+        #: When the keeper should renew next (on `clock`).
         self.next_due = requested_at + timing.interval
         self._error: LeaseLostError | None = None
-        #: Monotonic instant the loss was recorded; None while held or released.
+        #: Instant (on `clock`) the loss was recorded; None while held or released.
         self._lost_at: float | None = None
         # Lost on purpose by the holder (a cancelled task left it to run out):
         # not a loss to report when the block is left.
@@ -80,21 +87,22 @@ class _LeaseBase:
 
     @property
     def deadline(self) -> float:
-        """Local `time.monotonic()` instant the trust window closes at."""
+        """Instant on the lease's `clock` (`time.monotonic()` by default) the trust
+        window closes at."""
         return self._deadline
 
     def time_left(self) -> float:
         """Seconds of local trust left (negative once the window closed)."""
-        return self._deadline - time.monotonic()
+        return self._deadline - self.clock.monotonic()
 
     @property
     def lost_at(self) -> float | None:
-        """Local `time.monotonic()` instant the loss was recorded (None if not lost)."""
+        """Instant on the lease's `clock` the loss was recorded (None if not lost)."""
         return self._lost_at
 
     @property
     def trusted_until(self) -> float:
-        """Monotonic instant trust ends: the window's close, or the loss if earlier."""
+        """Instant (on `clock`) trust ends: the window's close, or the loss if earlier."""
         lost_at = self._lost_at
         return self._deadline if lost_at is None else min(self._deadline, lost_at)
 
@@ -116,7 +124,7 @@ class _LeaseBase:
 
     def _expire_if_due(self) -> bool:
         """Lose the lease if its trust window closed; True if this call lost it."""
-        if self._error is None and time.monotonic() >= self._deadline:
+        if self._error is None and self.clock.monotonic() >= self._deadline:
             # The watchdog may be late (GIL, blocked loop): the clock decides.
             return self._lose("the local trust window closed without a successful renewal")
         return False
@@ -153,7 +161,7 @@ class _LeaseBase:
     def _renewed(self, requested_at: float, expires_at: datetime) -> bool:
         """Record a successful heartbeat sent at `requested_at`; False if already lost."""
         with self._lock:
-            if self._error is not None or time.monotonic() >= self._deadline:
+            if self._error is not None or self.clock.monotonic() >= self._deadline:
                 return False
             self._claim = replace(self._claim, expires_at=expires_at)
             self._deadline = max(
@@ -177,7 +185,7 @@ class _LeaseBase:
                 f"lease generation {claim.generation} of {claim.owner} on {claim.resource_id}"
                 f" is lost: {reason}"
             )
-            self._lost_at = time.monotonic()
+            self._lost_at = self.clock.monotonic()
             self._abandoned = abandoned
             callbacks, self._callbacks = self._callbacks, []
             error = self._error
@@ -219,21 +227,26 @@ class HeldLease(_LeaseBase):
     that noticed (the keeper or its watchdog), so keep them short.
     """
 
-    def __init__(self, claim: Claim, timing: Timing, requested_at: float) -> None:
-        super().__init__(claim, timing, requested_at)
+    def __init__(
+        self, claim: Claim, timing: Timing, requested_at: float, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        super().__init__(claim, timing, requested_at, clock)
         self.lost = threading.Event()
 
     def _signal(self) -> None:
         self.lost.set()
 
     def wait_lost(self, timeout: float | None = None) -> bool:
-        """Block until the lease is lost (True) or `timeout` passes (False)."""
+        """Block until the lease is lost (True) or `timeout` real seconds pass (False).
+
+        The window's close is read from the lease's clock; `timeout` is a real
+        wait, whatever the clock."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
-            left = self.time_left()
+            left = real_wait(self.clock, self.time_left())
             if end is not None:
-                left = min(left, end - time.monotonic())
-            if self.lost.wait(max(left, 0.0)):
+                left = min(left or 0.0, end - time.monotonic())
+            if self.lost.wait(max(left or 0.0, 0.0)):
                 return True
             with contextlib.suppress(LeaseLostError):
                 self.check()
@@ -250,23 +263,30 @@ class AsyncHeldLease(_LeaseBase):
     """
 
     def __init__(
-        self, claim: Claim, timing: Timing, requested_at: float, loop: asyncio.AbstractEventLoop
+        self,
+        claim: Claim,
+        timing: Timing,
+        requested_at: float,
+        loop: asyncio.AbstractEventLoop,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(claim, timing, requested_at)
+        super().__init__(claim, timing, requested_at, clock)
         self._loop = loop
         self.lost = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._arm()
 
     def _arm(self) -> None:
-        # loop.time() is time.monotonic(): the deadline is on the same clock.
+        # A real timer to the window's close on the lease's clock (exact for the
+        # system clock; a fake one is re-read every FAKE_CLOCK_TICK).
         if self._timer is not None:
             self._timer.cancel()
         if self._error is None:
-            self._timer = self._loop.call_at(self._deadline, self._expire)
+            delay = real_wait(self.clock, self._deadline - self.clock.monotonic())
+            self._timer = self._loop.call_later(delay or 0.0, self._expire)
 
     def _expire(self) -> None:
-        if self._error is None and time.monotonic() >= self._deadline:
+        if self._error is None and self.clock.monotonic() >= self._deadline:
             self._lose("the local trust window closed without a successful renewal")
         else:
             self._arm()
