@@ -32,7 +32,14 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-__all__ = ["CallerError", "Database", "SqliteFileError", "file_error", "sqlite_error"]
+__all__ = [
+    "CallerError",
+    "Database",
+    "SqliteFileError",
+    "error_kind",
+    "file_error",
+    "sqlite_error",
+]
 
 # SQLite result codes (primary, the low byte of an extended code) that say
 # something about the file rather than about a statement: the lock, the disk,
@@ -54,6 +61,16 @@ _FILE = frozenset(
 def _primary(exc: sqlite3.Error) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else code & 0xFF
+
+
+def error_kind(exc: sqlite3.Error) -> str:
+    """"busy", "corrupt", "file" (I/O, full, read-only, ...) or "statement"."""
+    code = _primary(exc)
+    if code in _BUSY:
+        return "busy"
+    if code in _CORRUPT:
+        return "corrupt"
+    return "file" if code in _FILE else "statement"
 
 
 def file_error(exc: sqlite3.Error) -> bool:
