@@ -231,9 +231,7 @@ def test_session_reads_cut_off_mid_statement_are_retried(
         for read in reads:
             lock_session_tables(table_locker, schema)
             result: list[object] = []
-            worker = threading.Thread(
-                target=lambda r=read, out=result: out.append(_outcome(r))
-            )
+            worker = threading.Thread(target=lambda r=read, out=result: out.append(_outcome(r)))
             worker.start()
             terminate(pg_dsn, wait_for_lock_waiter(pg_dsn, schema))
             wait_for_lock_waiter(pg_dsn, schema)  # the retry waits again

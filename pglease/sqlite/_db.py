@@ -64,7 +64,7 @@ def _primary(exc: sqlite3.Error) -> int | None:
 
 
 def error_kind(exc: sqlite3.Error) -> str:
-    """"busy", "corrupt", "file" (I/O, full, read-only, ...) or "statement"."""
+    """The class of a sqlite3 error: busy, corrupt, file (I/O, full, ...) or statement."""
     code = _primary(exc)
     if code in _BUSY:
         return "busy"
