@@ -347,3 +347,28 @@ __all__ += [
     "StatementTimeoutError",
     "StoreClosedError",
 ]
+
+
+# --- SQLite files ------------------------------------------------------------------------
+
+
+class SqliteFileError(DatabaseUnavailableError):
+    """The SQLite file cannot be opened or used as a pglease store.
+
+    A `DatabaseUnavailableError`, like an unreachable PostgreSQL server, so
+    callers can handle both backends with one except clause. The message names
+    the file and SQLite's result code; the sqlite3 exception is `__cause__`.
+    """
+
+
+class SqliteCorruptError(SqliteFileError):
+    """The file is not a SQLite database, or SQLite found it damaged
+    (SQLITE_NOTADB, SQLITE_CORRUPT): no retry heals it; restore or replace it."""
+
+
+class StoreBusyError(SqliteFileError, LockTimeoutError):
+    """Another connection held the SQLite file's write lock (or kept it busy) past
+    `busy_timeout`: the SQLite twin of `LockTimeoutError`; nothing was changed."""
+
+
+__all__ += ["SqliteCorruptError", "SqliteFileError", "StoreBusyError"]

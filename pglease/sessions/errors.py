@@ -6,7 +6,14 @@ additionally derive from `pglease.errors.ValidationError` (and so `ValueError`).
 
 from __future__ import annotations
 
-from ..errors import PgleaseError, ValidationError
+from ..errors import (
+    LeaseLostError,
+    PgleaseError,
+    SqliteCorruptError,
+    SqliteFileError,
+    StoreBusyError,
+    ValidationError,
+)
 
 
 class SessionError(PgleaseError):
@@ -41,8 +48,11 @@ class DuplicateIdError(SessionError):
     """An entry or usage id is already used in the session."""
 
 
-class WriterLeaseLostError(SessionError):
-    """The writer lease was lost; the handle refuses all further work."""
+class WriterLeaseLostError(SessionError, LeaseLostError):
+    """The writer lease was lost; the handle refuses all further work.
+
+    Also a pglease `LeaseLostError` (so a `ConflictError`): one
+    `except LeaseLostError` catches a lost session writer and a lost lease."""
 
 
 class SessionAlreadyClaimedError(SessionError):
@@ -65,6 +75,25 @@ class SessionBusyError(SessionError):
     """The session is open in this repository (or leased) and cannot be deleted."""
 
 
+# --- session files: trouble with the file itself ---------------------------------------
+
+
+class SessionFileError(SessionError, SqliteFileError):
+    """A session file cannot be opened or used: an I/O error, a full disk, a
+    read-only or vanished file. The sqlite3 error is `__cause__`; nothing of
+    the failed call was written."""
+
+
+class SessionFileBusyError(SessionFileError, StoreBusyError):
+    """Another connection held the session file's lock past the busy timeout (5 s);
+    nothing was written. Retry later; the writer lease is not affected."""
+
+
+class SessionFileCorruptError(SessionCorruptError, SessionFileError, SqliteCorruptError):
+    """The session file is not a SQLite database or SQLite found it damaged
+    (SQLITE_NOTADB, SQLITE_CORRUPT)."""
+
+
 __all__ = [
     "DuplicateIdError",
     "InvalidSessionIdError",
@@ -76,6 +105,9 @@ __all__ = [
     "SessionCorruptError",
     "SessionError",
     "SessionExistsError",
+    "SessionFileBusyError",
+    "SessionFileCorruptError",
+    "SessionFileError",
     "SessionNotFoundError",
     "SessionVersionError",
     "UnknownEntryError",

@@ -15,12 +15,14 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import psycopg
 from psycopg import sql
 
+from ..errors import PgleaseError
 from ..ids import resource_id
+from ..postgres import _core as store_core
 from .branch_index import BranchIndexStore, BranchQuery, BranchRow, Segment, index_entry
 from .errors import (
     DuplicateIdError,
@@ -226,6 +228,31 @@ def new_owner_id() -> str:
     """A fresh writer-handle owner id: `<host>/<pid>/<uuid7>` (names the holder in errors)."""
     host = socket.gethostname()[:100] or "host"
     return f"{host}/{os.getpid()}/{uuid7()}"
+
+
+class _Store(Protocol):
+    """What the error mapping needs of either PostgreSQL store."""
+
+    @property
+    def _limits(self) -> store_core.Limits: ...
+
+    @property
+    def dsn(self) -> str | None: ...
+
+
+def driver_error(store: _Store, exc: psycopg.Error, broken: bool = False) -> PgleaseError:
+    """A driver error of the session SQL as a PgleaseError, named as the store names
+    its own: its time limits (StatementTimeoutError, LockTimeoutError), a lost
+    connection (DatabaseUnavailableError; `broken`: nothing was committed), no
+    password. Raise it `from cause_of(error, exc)`."""
+    if broken:
+        return store_core.lost(exc, store.dsn)
+    return store_core.driver_error(exc, store._limits, store.dsn)
+
+
+def cause_of(error: PgleaseError, exc: psycopg.Error) -> psycopg.Error | None:
+    """The driver error to keep as `__cause__` (None for pglease's own refusals)."""
+    return store_core.cause_of(error, exc)
 
 
 def translate_unique(exc: psycopg.errors.UniqueViolation) -> SessionError:

@@ -28,16 +28,15 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
 from ..errors import (
-    DatabaseUnavailableError,
     LeaseLostError,
+    PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
 )
@@ -85,8 +84,10 @@ from .pg_core import (
     Row,
     SeqMoved,
     Sql,
+    cause_of,
     check_scan_args,
     check_version,
+    driver_error,
     entry_from_row,
     first_page_for,
     new_owner_id,
@@ -101,6 +102,7 @@ log = logging.getLogger("pglease.sessions")
 
 Conn = psycopg.Connection[Any]
 NowMs = Callable[[], int]
+T = TypeVar("T")
 
 
 class PgBranchIndex(IndexCore):
@@ -174,12 +176,41 @@ def write_plan_rows(
 # --- reading ------------------------------------------------------------------------------
 
 
-@contextmanager
-def _read_transaction(store: PostgresStore, q: Sql) -> Iterator[Conn]:
-    """A repeatable-read, read-only transaction: one consistent view of a session."""
-    with store.connection() as conn, conn.transaction():
-        conn.execute(q.read_only)
-        yield conn
+def _read(store: PostgresStore, fn: Callable[[Conn], T]) -> T:
+    """Run a read on a store connection; once more on a fresh one when the
+    connection breaks under it (a read is safe to repeat). Driver errors come
+    out as PgleaseErrors, as from the store's own reads."""
+    for attempt in (1, 2):
+        conn: Conn | None = None
+        try:
+            with store.connection() as conn:
+                return fn(conn)
+        except psycopg.Error as exc:
+            broken = conn is not None and conn.broken
+            if broken and attempt == 1:
+                continue
+            error = driver_error(store, exc, broken)
+            raise error from cause_of(error, exc)
+    raise AssertionError("unreachable")
+
+
+def _read_consistent(store: PostgresStore, q: Sql, fn: Callable[[Conn], T]) -> T:
+    """`_read` in a repeatable-read, read-only transaction: one consistent view."""
+
+    def run(conn: Conn) -> T:
+        with conn.transaction():
+            conn.execute(q.read_only)
+            return fn(conn)
+
+    return _read(store, run)
+
+
+def _mutation_error(store: PostgresStore, exc: psycopg.Error) -> PgleaseError:
+    """A driver error `mutate` let through from our `apply` (the session SQL is
+    ours, so none reaches the caller raw); the transaction was rolled back."""
+    if isinstance(exc, psycopg.errors.UniqueViolation):
+        return translate_unique(exc)
+    return driver_error(store, exc)
 
 
 def _read_snapshot(conn: Conn, q: Sql, session_id: str) -> SessionSnapshot:
@@ -215,7 +246,7 @@ def _renew_loop(ref: weakref.ref[PostgresSession], stop: threading.Event, interv
             last = now
         except (WriterLeaseLostError, SessionClosedError):
             return
-        except (DatabaseUnavailableError, psycopg.Error) as exc:
+        except PgleaseError as exc:  # unreachable, a time limit: retry while trusted
             log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
             if handle.trust_expired():
                 handle.give_up("its lease could not be renewed before it ran out")
@@ -373,8 +404,9 @@ class PostgresSession(ConvenienceWrites):
             try:
                 if not self.lost.is_set():
                     self._store.release(self._claim)
-            except (LeaseLostError, DatabaseUnavailableError, psycopg.Error) as exc:
-                # a stale holder cannot release its successor's lease; nothing to undo
+            except PgleaseError as exc:
+                # A stale holder cannot release its successor's lease, and one we
+                # cannot reach runs out by itself: close() never raises for it.
                 log.warning("session %s: releasing the lease failed: %s", self._id, exc)
             finally:
                 self._closed = True
@@ -435,8 +467,9 @@ class PostgresSession(ConvenienceWrites):
                     resynced_seq = True
                     self._next_seq = exc.next_seq
                     continue
-                except psycopg.errors.UniqueViolation as exc:
-                    raise translate_unique(exc) from None
+                except psycopg.Error as exc:
+                    error = _mutation_error(self._store, exc)
+                    raise error from cause_of(error, exc)
                 self._revision = result.revision
                 value: tuple[CommitResult, list[Entry], list[UsageRow]] = result.value
                 self._next_seq = value[0].next_seq
@@ -473,17 +506,14 @@ class PostgresSession(ConvenienceWrites):
 
     # -- reads --
 
-    @contextmanager
-    def _conn(self) -> Iterator[Conn]:
+    def _rows(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with self._lock:
             self._usable()
-        with self._store.connection() as conn:
-            yield conn
+        return _read(self._store, lambda conn: conn.execute(query, params).fetchall())
 
     def get_entry(self, entry_id: str) -> Entry | None:
-        with self._conn() as conn:
-            row = conn.execute(self._q.get_entry, (self._id, entry_id)).fetchone()
-        return None if row is None else entry_from_row(row)
+        rows = self._rows(self._q.get_entry, (self._id, entry_id))
+        return entry_from_row(rows[0]) if rows else None
 
     def scan_entries(
         self,
@@ -494,10 +524,7 @@ class PostgresSession(ConvenienceWrites):
     ) -> list[Entry]:
         """Entries with `seq > after_seq` in seq order, optionally of some types."""
         wanted = check_scan_args(after_seq, limit, types)
-        with self._conn() as conn:
-            rows = conn.execute(
-                self._q.scan_entries, (self._id, after_seq, wanted, wanted, limit)
-            ).fetchall()
+        rows = self._rows(self._q.scan_entries, (self._id, after_seq, wanted, wanted, limit))
         return [entry_from_row(r) for r in rows]
 
     def scan_branch(
@@ -525,7 +552,8 @@ class PostgresSession(ConvenienceWrites):
         )
         with self._lock:
             self._usable()
-        with _read_transaction(self._store, self._q) as conn:
+
+        def scan(conn: Conn) -> list[Entry]:
             row = conn.execute(self._q.get_entry, (self._id, leaf_id)).fetchone()
             if row is None:
                 raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
@@ -534,32 +562,32 @@ class PostgresSession(ConvenienceWrites):
             )
             return _scan_branch(index, entry_from_row(row), query, index.load)
 
+        return _read_consistent(self._store, self._q, scan)
+
     def get_register(self, namespace: str, key: str) -> Register | None:
-        with self._conn() as conn:
-            row = conn.execute(self._q.get_register, (self._id, namespace, key)).fetchone()
-        return None if row is None else Register(row[0], row[1], int(row[2]), row[3])
+        rows = self._rows(self._q.get_register, (self._id, namespace, key))
+        return Register(rows[0][0], rows[0][1], int(rows[0][2]), rows[0][3]) if rows else None
 
     def list_registers(self, namespace: str, prefix: str = "") -> list[Register]:
         """Registers of `namespace` whose key starts with `prefix`, ordered by key."""
-        with self._conn() as conn:
-            rows = conn.execute(
-                self._q.list_registers, (self._id, namespace, prefix, prefix)
-            ).fetchall()
+        rows = self._rows(self._q.list_registers, (self._id, namespace, prefix, prefix))
         return [Register(r[0], r[1], int(r[2]), r[3]) for r in rows]
 
     def usage_rows(self) -> list[UsageRow]:
-        with self._conn() as conn:
-            rows = conn.execute(self._q.usage_rows, (self._id,)).fetchall()
+        rows = self._rows(self._q.usage_rows, (self._id,))
         return [UsageRow(r[0], int(r[1]), r[2], bool(r[3]), r[4], r[5]) for r in rows]
 
     def stats(self) -> SessionStats:
         with self._lock:
             self._usable()
-        with _read_transaction(self._store, self._q) as conn:
+
+        def read(conn: Conn) -> tuple[Row, Row | None]:
             row = conn.execute(self._q.session_row, (self._id,)).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"session {self._id} does not exist")
-            count = conn.execute(self._q.entry_count, (self._id,)).fetchone()
+            return row, conn.execute(self._q.entry_count, (self._id,)).fetchone()
+
+        row, count = _read_consistent(self._store, self._q, read)
         assert count is not None
         return SessionStats(
             created_at=int(row[0]),
@@ -634,8 +662,10 @@ class PostgresSessionRepository:
 
     def exists(self, session_id: str) -> bool:
         check_session_id(session_id)
-        with self.store.connection() as conn:
-            return conn.execute(self._q.session_exists, (session_id,)).fetchone() is not None
+        return bool(self._fetch(self._q.session_exists, (session_id,)))
+
+    def _fetch(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        return _read(self.store, lambda conn: conn.execute(query, params).fetchall())
 
     def _held_error(self, session_id: str, rid: str) -> SessionAlreadyClaimedError:
         lease = self.store.get(rid).lease
@@ -681,18 +711,17 @@ class PostgresSessionRepository:
         `wait` seconds, keep trying until then.
         """
         check_session_id(session_id)
-        with self.store.connection() as conn:
-            row = conn.execute(self._q.session_exists, (session_id,)).fetchone()
-        if row is None:
+        rows = self._fetch(self._q.session_exists, (session_id,))
+        if not rows:
             raise SessionNotFoundError(f"session {session_id} does not exist")
-        check_version(session_id, int(row[0]))
+        check_version(session_id, int(rows[0][0]))
         rid = resource_id(RESOURCE_TYPE, session_id)
         claim, started = self._claim(session_id, rid, wait)
         try:
-            with self.store.connection() as conn:
-                found = conn.execute(self._q.session_row, (session_id,)).fetchone()
-            if found is None:
+            rows = self._fetch(self._q.session_row, (session_id,))
+            if not rows:
                 raise SessionNotFoundError(f"session {session_id} was deleted")
+            found = rows[0]
         except BaseException:
             self._release_quietly(claim)
             raise
@@ -701,7 +730,7 @@ class PostgresSessionRepository:
     def _release_quietly(self, claim: Claim) -> None:
         try:
             self.store.release(claim)
-        except (LeaseLostError, DatabaseUnavailableError, psycopg.Error) as exc:
+        except PgleaseError as exc:  # the lease runs out by itself
             log.warning("releasing %s failed: %s", claim.resource_id, exc)
 
     def _create_from_plan(self, session_id: str, plan: ForkPlan, event: str) -> PostgresSession:
@@ -722,9 +751,10 @@ class PostgresSessionRepository:
 
         try:
             result = self.store.mutate(Permit(rid, claim.revision, claim), event, apply, payload)
-        except psycopg.errors.UniqueViolation as exc:
+        except psycopg.Error as exc:
             self._release_quietly(claim)
-            raise translate_unique(exc) from None
+            error = _mutation_error(self.store, exc)
+            raise error from cause_of(error, exc)
         except BaseException:
             self._release_quietly(claim)
             raise
@@ -806,12 +836,12 @@ class PostgresSessionRepository:
         """Entries (seq order) and registers in one consistent read, without
         touching the writer lease."""
         check_session_id(session_id)
-        with _read_transaction(self.store, self._q) as conn:
-            return _read_snapshot(conn, self._q, session_id)
+        return _read_consistent(
+            self.store, self._q, lambda conn: _read_snapshot(conn, self._q, session_id)
+        )
 
     def _infos(self, session_id: str | None) -> SessionListing:
-        with self.store.connection() as conn:
-            rows = conn.execute(self._q.list_sessions, (session_id, session_id)).fetchall()
+        rows = self._fetch(self._q.list_sessions, (session_id, session_id))
         listing = SessionListing()
         for r in rows:
             sid = r[0]
@@ -882,6 +912,9 @@ class PostgresSessionRepository:
             except StaleResourceError:
                 if attempt == 3:
                     raise
+            except psycopg.Error as exc:
+                error = _mutation_error(self.store, exc)
+                raise error from cause_of(error, exc)
 
 
 __all__ = [

@@ -19,16 +19,15 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 
 from ..errors import (
-    DatabaseUnavailableError,
     LeaseLostError,
+    PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
 )
@@ -77,8 +76,10 @@ from .pg_core import (
     ReplayIndex,
     SeqMoved,
     Sql,
+    cause_of,
     check_scan_args,
     check_version,
+    driver_error,
     entry_from_row,
     first_page_for,
     new_owner_id,
@@ -156,11 +157,52 @@ async def write_plan_rows_async(
         await _send(conn, build.batches())
 
 
-@asynccontextmanager
-async def _read_transaction(store: AsyncPostgresStore, q: Sql) -> AsyncIterator[AConn]:
-    async with store.connection() as conn, conn.transaction():
-        await conn.execute(q.read_only)
-        yield conn
+async def _read(store: AsyncPostgresStore, fn: Callable[[AConn], Awaitable[T]]) -> T:
+    """Run a read on a store connection; once more on a fresh one when the
+    connection breaks under it (a read is safe to repeat). Driver errors come
+    out as PgleaseErrors, as from the store's own reads."""
+    for attempt in (1, 2):
+        conn: AConn | None = None
+        try:
+            async with store.connection() as conn:
+                return await fn(conn)
+        except psycopg.Error as exc:
+            broken = conn is not None and conn.broken
+            if broken and attempt == 1:
+                continue
+            error = driver_error(store, exc, broken)
+            raise error from cause_of(error, exc)
+    raise AssertionError("unreachable")
+
+
+async def _read_consistent(
+    store: AsyncPostgresStore, q: Sql, fn: Callable[[AConn], Awaitable[T]]
+) -> T:
+    """`_read` in a repeatable-read, read-only transaction: one consistent view."""
+
+    async def run(conn: AConn) -> T:
+        async with conn.transaction():
+            await conn.execute(q.read_only)
+            return await fn(conn)
+
+    return await _read(store, run)
+
+
+async def _fetch_all(
+    store: AsyncPostgresStore, query: bytes, params: tuple[Any, ...]
+) -> list[tuple[Any, ...]]:
+    async def run(conn: AConn) -> list[tuple[Any, ...]]:
+        return await (await conn.execute(query, params)).fetchall()
+
+    return await _read(store, run)
+
+
+def _mutation_error(store: AsyncPostgresStore, exc: psycopg.Error) -> PgleaseError:
+    """A driver error `mutate` let through from our `apply` (the session SQL is
+    ours, so none reaches the caller raw); the transaction was rolled back."""
+    if isinstance(exc, psycopg.errors.UniqueViolation):
+        return translate_unique(exc)
+    return driver_error(store, exc)
 
 
 async def _read_snapshot(conn: AConn, q: Sql, session_id: str) -> SessionSnapshot:
@@ -195,7 +237,7 @@ async def _renew_loop(ref: weakref.ref[AsyncPostgresSession], interval: float) -
             last = now
         except (WriterLeaseLostError, SessionClosedError):
             return
-        except (DatabaseUnavailableError, psycopg.Error) as exc:
+        except PgleaseError as exc:  # unreachable, a time limit: retry while trusted
             log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
             if handle.trust_expired():
                 handle.give_up("its lease could not be renewed before it ran out")
@@ -335,7 +377,9 @@ class AsyncPostgresSession:
             try:
                 if not self.lost.is_set():
                     await self._store.release(self._claim)
-            except (LeaseLostError, DatabaseUnavailableError, psycopg.Error) as exc:
+            except PgleaseError as exc:
+                # A stale holder cannot release its successor's lease, and one we
+                # cannot reach runs out by itself: close() never raises for it.
                 log.warning("session %s: releasing the lease failed: %s", self._id, exc)
             finally:
                 self._closed = True
@@ -394,8 +438,9 @@ class AsyncPostgresSession:
                     resynced_seq = True
                     self._next_seq = exc.next_seq
                     continue
-                except psycopg.errors.UniqueViolation as exc:
-                    raise translate_unique(exc) from None
+                except psycopg.Error as exc:
+                    error = _mutation_error(self._store, exc)
+                    raise error from cause_of(error, exc)
                 self._revision = result.revision
                 value: tuple[CommitResult, list[Entry], list[UsageRow]] = result.value
                 self._next_seq = value[0].next_seq
@@ -454,8 +499,7 @@ class AsyncPostgresSession:
 
     async def _rows(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         self._usable()
-        async with self._store.connection() as conn:
-            return await (await conn.execute(query, params)).fetchall()
+        return await _fetch_all(self._store, query, params)
 
     async def get_entry(self, entry_id: str) -> Entry | None:
         rows = await self._rows(self._q.get_entry, (self._id, entry_id))
@@ -495,7 +539,8 @@ class AsyncPostgresSession:
             limit=limit,
         )
         self._usable()
-        async with _read_transaction(self._store, self._q) as conn:
+
+        async def scan(conn: AConn) -> list[Entry]:
             row = await (await conn.execute(self._q.get_entry, (self._id, leaf_id))).fetchone()
             if row is None:
                 raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
@@ -505,6 +550,8 @@ class AsyncPostgresSession:
             )
             # A read-only replay: each run reuses every page fetched before.
             return await _replay(conn, index, lambda: _scan_branch(index, leaf, query, index.load))
+
+        return await _read_consistent(self._store, self._q, scan)
 
     async def get_register(self, namespace: str, key: str) -> Register | None:
         rows = await self._rows(self._q.get_register, (self._id, namespace, key))
@@ -519,11 +566,14 @@ class AsyncPostgresSession:
 
     async def stats(self) -> SessionStats:
         self._usable()
-        async with _read_transaction(self._store, self._q) as conn:
+
+        async def read(conn: AConn) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
             row = await (await conn.execute(self._q.session_row, (self._id,))).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"session {self._id} does not exist")
-            count = await (await conn.execute(self._q.entry_count, (self._id,))).fetchone()
+            return row, await (await conn.execute(self._q.entry_count, (self._id,))).fetchone()
+
+        row, count = await _read_consistent(self._store, self._q, read)
         assert count is not None
         return SessionStats(
             created_at=int(row[0]),
@@ -580,8 +630,7 @@ class AsyncPostgresSessionRepository:
         self._open.discard(handle)
 
     async def _fetch(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        async with self.store.connection() as conn:
-            return await (await conn.execute(query, params)).fetchall()
+        return await _fetch_all(self.store, query, params)
 
     async def exists(self, session_id: str) -> bool:
         check_session_id(session_id)
@@ -625,7 +674,7 @@ class AsyncPostgresSessionRepository:
     async def _release_quietly(self, claim: Claim) -> None:
         try:
             await self.store.release(claim)
-        except (LeaseLostError, DatabaseUnavailableError, psycopg.Error) as exc:
+        except PgleaseError as exc:  # the lease runs out by itself
             log.warning("releasing %s failed: %s", claim.resource_id, exc)
 
     async def open(self, session_id: str, *, wait: float | None = None) -> AsyncPostgresSession:
@@ -668,9 +717,10 @@ class AsyncPostgresSessionRepository:
             result = await self.store.mutate(
                 Permit(rid, claim.revision, claim), event, apply, payload
             )
-        except psycopg.errors.UniqueViolation as exc:
+        except psycopg.Error as exc:
             await self._release_quietly(claim)
-            raise translate_unique(exc) from None
+            error = _mutation_error(self.store, exc)
+            raise error from cause_of(error, exc)
         except BaseException:
             await self._release_quietly(claim)
             raise
@@ -738,8 +788,11 @@ class AsyncPostgresSessionRepository:
 
     async def snapshot(self, session_id: str) -> SessionSnapshot:
         check_session_id(session_id)
-        async with _read_transaction(self.store, self._q) as conn:
+
+        async def read(conn: AConn) -> SessionSnapshot:
             return await _read_snapshot(conn, self._q, session_id)
+
+        return await _read_consistent(self.store, self._q, read)
 
     async def _infos(self, session_id: str | None) -> SessionListing:
         rows = await self._fetch(self._q.list_sessions, (session_id, session_id))
@@ -808,6 +861,9 @@ class AsyncPostgresSessionRepository:
             except StaleResourceError:
                 if attempt == 3:
                     raise
+            except psycopg.Error as exc:
+                error = _mutation_error(self.store, exc)
+                raise error from cause_of(error, exc)
 
 
 __all__ = ["AsyncPostgresSession", "AsyncPostgresSessionRepository", "write_plan_rows_async"]

@@ -23,6 +23,8 @@ from .errors import (
     SessionCorruptError,
     SessionError,
     SessionExistsError,
+    SessionFileBusyError,
+    SessionFileError,
     SessionNotFoundError,
 )
 from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork
@@ -30,11 +32,13 @@ from .ids import uuid7
 from .model import SessionInfo, SessionSnapshot, load_json
 from .schema import EMPTY_USAGE_JSON, IDLE_LANE_STATE_JSON, MAIN_LANE, SCHEMA_SQL, STORAGE_VERSION
 from .sqlite_file import (
+    BUSY_TIMEOUT,
     NowMs,
     SqliteSession,
     claim_lease,
     connect,
     insert_entry,
+    mapped,
     read_lease,
     read_session_row,
     read_snapshot,
@@ -129,17 +133,18 @@ def _publish(temp: Path, final: Path) -> None:
     _remove_quietly(temp)
 
 
-def read_session_file(path: str | os.PathLike[str]) -> SessionSnapshot:
+def read_session_file(
+    path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT
+) -> SessionSnapshot:
     """Read any session file (checked: tables, session row, version) into a
     `SessionSnapshot`, in one read transaction and without touching its lease."""
     file_path = Path(path)
     if not file_path.is_file():
         raise SessionNotFoundError(f"session file {file_path} does not exist")
-    conn = connect(file_path)
+    conn = connect(file_path, busy_timeout=busy_timeout)
     try:
-        return read_snapshot(conn, file_path)
-    except sqlite3.Error as exc:
-        raise SessionCorruptError(f"session file {file_path} cannot be read: {exc}") from exc
+        with mapped(file_path, busy_timeout):
+            return read_snapshot(conn, file_path)
     finally:
         conn.close()
 
@@ -151,7 +156,9 @@ class SessionRepository:
     repository opens (30 s / 15 s; `renew_interval=None` disables the background
     renewal). `now_ms` is the clock for lease expiry and timestamps. `on_lost`
     is called (from the renewing thread or the caller) when a handle's lease
-    is found lost; each handle also exposes a `lost` event.
+    is found lost; each handle also exposes a `lost` event. `busy_timeout` is
+    how long a call waits for another connection's lock on a file before it
+    raises `SessionFileBusyError` (5 s).
     """
 
     def __init__(
@@ -162,6 +169,7 @@ class SessionRepository:
         renew_interval: float | None = 15.0,
         now_ms: NowMs | None = None,
         on_lost: Callable[[SqliteSession], None] | None = None,
+        busy_timeout: float = BUSY_TIMEOUT,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -169,6 +177,13 @@ class SessionRepository:
             raise InvalidSessionWriteError(
                 f"renew_interval must be between 0 and lease_seconds, got {renew_interval!r}"
             )
+        if isinstance(busy_timeout, bool) or not (
+            isinstance(busy_timeout, int | float) and 0 < busy_timeout <= 3600
+        ):
+            raise InvalidSessionWriteError(
+                f"busy_timeout must be in (0, 3600] seconds, got {busy_timeout!r}"
+            )
+        self.busy_timeout = float(busy_timeout)
         self.directory = Path(directory)
         if not self.directory.is_dir():
             raise SessionError(f"session directory {self.directory} does not exist")
@@ -211,6 +226,7 @@ class SessionRepository:
             now_ms=self.now_ms,
             on_close=self._forget,
             on_lost=self.on_lost,
+            busy_timeout=self.busy_timeout,
         )
         with self._lock:
             self._open[session_id] = handle
@@ -220,10 +236,10 @@ class SessionRepository:
         path = self.path_for(session_id)
         if not path.exists():
             raise SessionNotFoundError(f"session {session_id} does not exist ({path})")
-        conn = connect(path)
+        conn = connect(path, busy_timeout=self.busy_timeout)
         owner_id = uuid7()
         try:
-            with transaction(conn):
+            with mapped(path, self.busy_timeout), transaction(conn):
                 read_session_row(conn, path)
                 fence = claim_lease(conn, session_id, owner_id, self.now_ms(), self._lease_ms)
         except BaseException:
@@ -244,20 +260,25 @@ class SessionRepository:
         if final.exists():
             raise SessionExistsError(f"session {session_id} already exists ({final})")
         temp = self.directory / f".{session_id}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
-        fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except OSError as exc:
+            raise SessionFileError(f"cannot write session file {final}: {exc}") from exc
         os.close(fd)
         try:
-            conn = connect(temp, create=True)
+            conn = connect(temp, create=True, busy_timeout=self.busy_timeout)
             try:
-                conn.executescript("BEGIN IMMEDIATE;\n" + SCHEMA_SQL)
-                try:
-                    build(conn)
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                with mapped(temp, self.busy_timeout):
+                    conn.executescript("BEGIN IMMEDIATE;\n" + SCHEMA_SQL)
+                    try:
+                        build(conn)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        if conn.in_transaction:
+                            with contextlib.suppress(sqlite3.Error):
+                                conn.execute("ROLLBACK")
+                        raise
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             finally:
                 conn.close()
             for side in SIDE_FILES:
@@ -274,6 +295,8 @@ class SessionRepository:
             except FileExistsError:
                 raise SessionExistsError(f"session {session_id} already exists ({final})") from None
             _fsync_dir(self.directory)
+        except OSError as exc:
+            raise SessionFileError(f"cannot write session file {final}: {exc}") from exc
         finally:
             for path in (temp, *(Path(str(temp) + side) for side in SIDE_FILES)):
                 _remove_quietly(path)
@@ -323,9 +346,9 @@ class SessionRepository:
     def _adopt(self, session_id: str, owner_id: str) -> SqliteSession:
         """Open a file we just published, whose lease we wrote (owner_id, fence 1)."""
         path = self.path_for(session_id)
-        conn = connect(path)
+        conn = connect(path, busy_timeout=self.busy_timeout)
         try:
-            with transaction(conn):
+            with mapped(path, self.busy_timeout), transaction(conn):
                 read_session_row(conn, path)
                 fence = claim_lease(conn, session_id, owner_id, self.now_ms(), self._lease_ms)
         except BaseException:
@@ -357,7 +380,7 @@ class SessionRepository:
         source_path = self.path_for(session_id)
         if not source_path.exists():
             raise SessionNotFoundError(f"session {session_id} does not exist ({source_path})")
-        return read_session_file(source_path)
+        return read_session_file(source_path, busy_timeout=self.busy_timeout)
 
     def _build_plan(
         self, plan: ForkPlan, session_id: str, owner_id: str | None
@@ -396,13 +419,11 @@ class SessionRepository:
     # -- listing and deleting --
 
     def _info(self, session_id: str, path: Path) -> SessionInfo:
-        conn = connect(path)
+        conn = connect(path, busy_timeout=self.busy_timeout)
         try:
-            with transaction(conn, immediate=False):
+            with mapped(path, self.busy_timeout), transaction(conn, immediate=False):
                 row = read_session_row(conn, path)
                 lease = read_lease(conn)
-        except sqlite3.Error as exc:
-            raise SessionCorruptError(f"session file {path} cannot be read: {exc}") from exc
         finally:
             conn.close()
         try:
@@ -450,14 +471,18 @@ class SessionRepository:
             raise SessionBusyError(f"session {session_id} is open; close it before deleting")
         lease = None
         try:
-            conn = connect(path)
+            conn = connect(path, busy_timeout=self.busy_timeout)
+        except SessionFileBusyError:
+            raise  # the lease cannot be checked: refuse rather than guess
         except SessionError:
             conn = None  # not a usable database: nothing can hold a lease on it
         if conn is not None:
             try:
-                with transaction(conn, immediate=False):
+                with mapped(path, self.busy_timeout), transaction(conn, immediate=False):
                     lease = read_lease(conn)
-            except (sqlite3.Error, SessionError):
+            except SessionFileBusyError:
+                raise
+            except SessionError:
                 lease = None
             finally:
                 conn.close()
@@ -467,9 +492,14 @@ class SessionRepository:
                 f"session {session_id} is leased by writer {lease.owner_id} "
                 f"(fence {lease.fence}) for another {lease.expires_at_ms - now} ms"
             )
-        path.unlink()
-        for side in SIDE_FILES:
-            _remove_quietly(Path(str(path) + side))
+        try:
+            path.unlink()
+            for side in SIDE_FILES:
+                _remove_quietly(Path(str(path) + side))
+        except FileNotFoundError:
+            raise SessionNotFoundError(f"session {session_id} does not exist ({path})") from None
+        except OSError as exc:
+            raise SessionFileError(f"cannot delete session file {path}: {exc}") from exc
         _fsync_dir(self.directory)
 
     def close(self) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import PgleaseError
+from ..sqlite._db import error_kind
 from ._conveniences import ConvenienceWrites
 from .branch_index import BranchIndexStore, BranchQuery, BranchRow, Segment, index_entry
 from .branch_index import scan_branch as _scan_branch
@@ -23,6 +25,9 @@ from .errors import (
     SessionClosedError,
     SessionCorruptError,
     SessionError,
+    SessionFileBusyError,
+    SessionFileCorruptError,
+    SessionFileError,
     SessionVersionError,
     UnknownEntryError,
     WriterLeaseLostError,
@@ -59,23 +64,55 @@ def wall_clock_ms() -> int:
 # --- connections and transactions ------------------------------------------------------
 
 
-def connect(path: Path, *, create: bool = False) -> sqlite3.Connection:
-    """Open a connection (WAL, busy_timeout 5000). Without `create` the file must exist."""
-    uri = "file:" + urllib.parse.quote(str(path)) + ("?mode=rwc" if create else "?mode=rw")
-    try:
-        conn = sqlite3.connect(
-            uri, uri=True, isolation_level=None, check_same_thread=False, timeout=5.0
+#: How long a statement waits for another connection's lock on the file (seconds).
+BUSY_TIMEOUT = 5.0
+
+
+def session_file_error(
+    exc: sqlite3.Error, path: Path, busy_timeout: float = BUSY_TIMEOUT
+) -> SessionError:
+    """A sqlite3 error on a session file as the session error it means."""
+    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    detail = f"{exc} ({name})"
+    kind = error_kind(exc)
+    if kind == "busy":
+        return SessionFileBusyError(
+            f"session file {path} is busy: another connection held its lock past the busy"
+            f" timeout ({busy_timeout:g} s); nothing was written ({detail})"
         )
-    except sqlite3.Error as exc:
-        raise SessionError(f"cannot open session file {path}: {exc}") from exc
+    if kind == "corrupt":
+        return SessionFileCorruptError(f"session file {path} is not a usable database: {detail}")
+    if kind == "file":
+        return SessionFileError(f"cannot use session file {path}: {detail}")
+    # A statement of the format failed on this file (a missing column, a
+    # constraint the writes were checked against): it does not follow the format.
+    return SessionCorruptError(f"session file {path} does not follow the format: {detail}")
+
+
+@contextlib.contextmanager
+def mapped(path: Path, busy_timeout: float = BUSY_TIMEOUT) -> Iterator[None]:
+    """Raise sqlite3 errors of the block as session errors (cause kept)."""
     try:
-        conn.execute("PRAGMA busy_timeout = 5000")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        yield
+    except sqlite3.Error as exc:
+        raise session_file_error(exc, path, busy_timeout) from exc
+
+
+def connect(
+    path: Path, *, create: bool = False, busy_timeout: float = BUSY_TIMEOUT
+) -> sqlite3.Connection:
+    """Open a connection (WAL, busy_timeout 5 s). Without `create` the file must exist."""
+    uri = "file:" + urllib.parse.quote(str(path)) + ("?mode=rwc" if create else "?mode=rw")
+    with mapped(path, busy_timeout):
+        conn = sqlite3.connect(
+            uri, uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+        )
+    try:
+        with mapped(path, busy_timeout):
+            conn.execute(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
         if mode is None or str(mode[0]).lower() != "wal":
             raise SessionCorruptError(f"session file {path} cannot use WAL mode (got {mode!r})")
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        raise SessionCorruptError(f"session file {path} is not a usable database: {exc}") from exc
     except BaseException:
         conn.close()
         raise
@@ -84,15 +121,20 @@ def connect(path: Path, *, create: bool = False) -> sqlite3.Connection:
 
 @contextlib.contextmanager
 def transaction(conn: sqlite3.Connection, *, immediate: bool = True) -> Iterator[None]:
-    """`BEGIN IMMEDIATE ... COMMIT`, ROLLBACK on any error (deferred for reads)."""
+    """`BEGIN IMMEDIATE ... COMMIT`, ROLLBACK on any error (deferred for reads).
+
+    A COMMIT that fails is rolled back as well: a failed commit leaves nothing,
+    and the connection is not left inside a transaction."""
     conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
     try:
         yield
+        conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
+            # A failing ROLLBACK must not hide why we roll back.
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
         raise
-    conn.execute("COMMIT")
 
 
 # --- checks -----------------------------------------------------------------------------
@@ -350,7 +392,7 @@ def _renew_loop(ref: weakref.ref[SqliteSession], stop: threading.Event, interval
             last = now
         except (WriterLeaseLostError, SessionClosedError):
             return
-        except sqlite3.Error as exc:  # busy or I/O: try again next beat
+        except PgleaseError as exc:  # busy file, I/O: try again next beat
             log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
         finally:
             del handle
@@ -378,9 +420,11 @@ class SqliteSession(ConvenienceWrites):
         now_ms: NowMs,
         on_close: Callable[[SqliteSession], None] | None = None,
         on_lost: Callable[[SqliteSession], None] | None = None,
+        busy_timeout: float = BUSY_TIMEOUT,
     ) -> None:
         self._id = session_id
         self._path = path
+        self._busy_timeout = busy_timeout
         self._conn = conn
         self._owner_id = owner_id
         self._fence = fence
@@ -459,6 +503,10 @@ class SqliteSession(ConvenienceWrites):
             f"fence {self._fence} no longer current)"
         )
 
+    def _io(self) -> contextlib.AbstractContextManager[None]:
+        """sqlite3 errors of the block as session errors naming this file."""
+        return mapped(self._path, self._busy_timeout)
+
     def _renew_in_transaction(self, conn: sqlite3.Connection, now: int) -> None:
         cur = conn.execute(
             "UPDATE writer_lease SET expires_at_ms = ? WHERE owner_id = ? AND fence = ?",
@@ -469,7 +517,7 @@ class SqliteSession(ConvenienceWrites):
 
     def renew(self) -> None:
         """Extend the lease by the lease length; lost lease -> `WriterLeaseLostError`."""
-        with self._lock:
+        with self._lock, self._io():
             conn = self._usable()
             with transaction(conn):
                 self._renew_in_transaction(conn, self._now_ms())
@@ -492,7 +540,8 @@ class SqliteSession(ConvenienceWrites):
                             "DELETE FROM writer_lease WHERE owner_id = ? AND fence = ?",
                             (self._owner_id, self._fence),
                         )
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, PgleaseError) as exc:
+                # Never raised from close(): the lease runs out on its own.
                 log.warning("session %s: releasing the lease failed: %s", self._id, exc)
             finally:
                 self._closed = True
@@ -505,7 +554,7 @@ class SqliteSession(ConvenienceWrites):
     def commit(self, writes: Sequence[Write]) -> CommitResult:
         """Apply `writes` in one transaction: seqs next_seq.., one timestamp."""
         prepared = prepare_writes(writes)
-        with self._lock:
+        with self._lock, self._io():
             conn = self._usable()
             now = self._now_ms()
             with transaction(conn):
@@ -608,7 +657,7 @@ class SqliteSession(ConvenienceWrites):
         id: str | None = None,
     ) -> UsageRow:
         result = self.commit([AddUsage(usage, entry_id, adjustment, details, id)])
-        with self._lock:
+        with self._lock, self._io():
             row = (
                 self._usable()
                 .execute(
@@ -623,7 +672,7 @@ class SqliteSession(ConvenienceWrites):
     # -- reads --
 
     def get_entry(self, entry_id: str) -> Entry | None:
-        with self._lock:
+        with self._lock, self._io():
             row = (
                 self._usable()
                 .execute(f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id = ?", (entry_id,))
@@ -651,7 +700,7 @@ class SqliteSession(ConvenienceWrites):
                 raise InvalidSessionWriteError(f"limit must be >= 0, got {limit}")
             sql += " LIMIT ?"
             params.append(limit)
-        with self._lock:
+        with self._lock, self._io():
             rows = self._usable().execute(sql, params).fetchall()
         return [entry_from_row(r) for r in rows]
 
@@ -679,7 +728,7 @@ class SqliteSession(ConvenienceWrites):
             cursor=cursor,
             limit=limit,
         )
-        with self._lock:
+        with self._lock, self._io():
             conn = self._usable()
             with transaction(conn, immediate=False):
                 leaf = self._entry_or_raise(conn, leaf_id)
@@ -703,7 +752,7 @@ class SqliteSession(ConvenienceWrites):
         return entry_from_row(row)
 
     def get_register(self, namespace: str, key: str) -> Register | None:
-        with self._lock:
+        with self._lock, self._io():
             row = (
                 self._usable()
                 .execute(
@@ -717,7 +766,7 @@ class SqliteSession(ConvenienceWrites):
 
     def list_registers(self, namespace: str, prefix: str = "") -> list[Register]:
         """Registers of `namespace` whose key starts with `prefix`, ordered by key."""
-        with self._lock:
+        with self._lock, self._io():
             rows = (
                 self._usable()
                 .execute(
@@ -730,7 +779,7 @@ class SqliteSession(ConvenienceWrites):
         return [Register(*r) for r in rows]
 
     def usage_rows(self) -> list[UsageRow]:
-        with self._lock:
+        with self._lock, self._io():
             rows = (
                 self._usable()
                 .execute(
@@ -742,7 +791,7 @@ class SqliteSession(ConvenienceWrites):
         return [UsageRow(r[0], r[1], r[2], bool(r[3]), r[4], r[5]) for r in rows]
 
     def stats(self) -> SessionStats:
-        with self._lock:
+        with self._lock, self._io():
             conn = self._usable()
             with transaction(conn, immediate=False):
                 row = read_session_row(conn, self._path)
@@ -757,5 +806,5 @@ class SqliteSession(ConvenienceWrites):
         )
 
     def snapshot(self) -> SessionSnapshot:
-        with self._lock:
+        with self._lock, self._io():
             return read_snapshot(self._usable(), self._path)

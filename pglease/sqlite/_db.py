@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -12,9 +13,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from ..errors import (
-    DatabaseUnavailableError,
     MigrationError,
-    PgleaseError,
+    SqliteCorruptError,
+    SqliteFileError,
+    StoreBusyError,
+    StoreClosedError,
     ValidationError,
 )
 from ..migration_files import Migration, load_migrations, pending_migrations
@@ -29,11 +32,73 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-class SqliteFileError(DatabaseUnavailableError):
-    """The SQLite file cannot be opened or used as a pglease store.
+__all__ = [
+    "CallerError",
+    "Database",
+    "SqliteFileError",
+    "error_kind",
+    "file_error",
+    "sqlite_error",
+]
 
-    A `DatabaseUnavailableError`, like an unreachable PostgreSQL server, so
-    callers can handle both backends with one except clause."""
+# SQLite result codes (primary, the low byte of an extended code) that say
+# something about the file rather than about a statement: the lock, the disk,
+# the bytes on it. Mapped even when the caller's own SQL hit them.
+_BUSY = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+_CORRUPT = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+_FILE = frozenset(
+    {
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_NOLFS,
+    }
+)
+
+
+def _primary(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def error_kind(exc: sqlite3.Error) -> str:
+    """The class of a sqlite3 error: busy, corrupt, file (I/O, full, ...) or statement."""
+    code = _primary(exc)
+    if code in _BUSY:
+        return "busy"
+    if code in _CORRUPT:
+        return "corrupt"
+    return "file" if code in _FILE else "statement"
+
+
+def file_error(exc: sqlite3.Error) -> bool:
+    """Whether `exc` is about the file (lock, disk, corruption), not one statement."""
+    return _primary(exc) in _BUSY | _CORRUPT | _FILE
+
+
+def sqlite_error(
+    exc: sqlite3.Error, path: str, busy_timeout: float | None = None
+) -> SqliteFileError:
+    """Any sqlite3 error as a `SqliteFileError` naming the file and the result code.
+
+    Raise it `from exc`: the sqlite3 error stays as `__cause__` (the watcher
+    reads its result code there to tell lasting failures from passing ones).
+    """
+    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    detail = f"{exc} ({name})"
+    code = _primary(exc)
+    if code in _BUSY:
+        waited = f"busy_timeout={busy_timeout:g} s" if busy_timeout is not None else "busy_timeout"
+        return StoreBusyError(
+            f"SQLite file {path!r} is busy: another connection held its lock past {waited};"
+            f" nothing was changed ({detail})"
+        )
+    if code in _CORRUPT:
+        return SqliteCorruptError(f"SQLite file {path!r} is not a usable database: {detail}")
+    verb = "open" if code == sqlite3.SQLITE_CANTOPEN else "use"
+    return SqliteFileError(f"cannot {verb} SQLite file {path!r}: {detail}")
 
 
 # --- timestamps: integer microseconds since the epoch, so values round-trip exactly ---
@@ -118,6 +183,15 @@ _MIGRATIONS_TABLE = (
 # --- connections -------------------------------------------------------------
 
 
+class CallerError(Exception):
+    """Carries an error of the caller's own SQL (`mutate`'s apply) past the mapping
+    of pglease's statements; `mutate` raises `.error` unchanged."""
+
+    def __init__(self, error: sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class Database:
     """A small pool of connections to one SQLite file in WAL mode.
 
@@ -145,12 +219,12 @@ class Database:
                 check_same_thread=False,
             )
         except sqlite3.Error as exc:
-            raise SqliteFileError(f"cannot open SQLite file {self.path!r}: {exc}") from exc
+            raise sqlite_error(exc, self.path, self.busy_timeout) from exc
         try:
             self._configure(conn)
         except sqlite3.Error as exc:
             conn.close()
-            raise SqliteFileError(f"cannot use SQLite file {self.path!r}: {exc}") from exc
+            raise sqlite_error(exc, self.path, self.busy_timeout) from exc
         except BaseException:
             conn.close()
             raise
@@ -182,7 +256,7 @@ class Database:
     def _checkout(self) -> sqlite3.Connection:
         with self._lock:
             if self._closed:
-                raise PgleaseError("the store is closed")
+                raise StoreClosedError("the store is closed")
             if self._pid != os.getpid():
                 # A forked child must not reuse its parent's SQLite handles.
                 self._idle = []
@@ -206,7 +280,9 @@ class Database:
         conn.close()
 
     @contextmanager
-    def connection(self) -> Iterator[sqlite3.Connection]:
+    def raw_connection(self) -> Iterator[sqlite3.Connection]:
+        """A pooled connection whose statements' errors stay sqlite3's (the
+        caller's own SQL); opening it raises only `SqliteFileError`s."""
         conn = self._checkout()
         try:
             yield conn
@@ -214,11 +290,26 @@ class Database:
             self._checkin(conn)
 
     @contextmanager
+    def _mapped(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise sqlite_error(exc, self.path, self.busy_timeout) from exc
+
+    @contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """A pooled connection for pglease's own statements: their sqlite3 errors
+        come out as `SqliteFileError`s (`StoreBusyError`, `SqliteCorruptError`)."""
+        with self._mapped(), self.raw_connection() as conn:
+            yield conn
+
+    @contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction: BEGIN IMMEDIATE, then COMMIT, or ROLLBACK on any error.
 
         IMMEDIATE takes the file's write lock up front (waiting up to the busy
         timeout), so reads inside the transaction see the state it will commit on.
+        A COMMIT that fails is rolled back too: a failed write leaves nothing.
         """
         with self.connection() as conn:
             conn.execute("BEGIN IMMEDIATE")
@@ -227,7 +318,10 @@ class Database:
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                    # A failing ROLLBACK must not hide why we roll back; `_checkin`
+                    # closes a connection still in a transaction.
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
                 raise
 
     def migrate(self) -> list[Migration]:

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import PgleaseError
+from ..errors import StoreClosedError
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ._db import DEFAULT_BUSY_TIMEOUT, check_busy_timeout, check_path
 from .store import SqliteStore
@@ -78,7 +78,7 @@ class AsyncSqliteStore:
     def sync_store(self) -> SqliteStore:
         """The blocking store doing the work (raises if the store is not open)."""
         if self._sync is None:
-            raise PgleaseError("the store is not open (use `await AsyncSqliteStore.open()`)")
+            raise StoreClosedError("the store is not open (use `await AsyncSqliteStore.open()`)")
         return self._sync
 
     @asynccontextmanager

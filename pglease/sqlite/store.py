@@ -41,10 +41,12 @@ from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import check_resource_id, check_resource_type
 from ._db import (
     DEFAULT_BUSY_TIMEOUT,
+    CallerError,
     Database,
     check_busy_timeout,
     check_path,
     clock_us,
+    file_error,
     from_us,
     opt_from_us,
     ttl_us,
@@ -239,8 +241,13 @@ class SqliteStore:
 
     @contextmanager
     def connection(self) -> Iterator[sqlite3.Connection]:
-        """Borrow an autocommit connection to the store's file."""
-        with self._db.connection() as conn:
+        """Borrow an autocommit connection to the store's file.
+
+        Errors of the SQL run on it are sqlite3's (the caller's own statements);
+        a file that cannot be opened raises `SqliteFileError`, a closed store
+        `StoreClosedError`.
+        """
+        with self._db.raw_connection() as conn:
             yield conn
 
     def migrate(self) -> list[str]:
@@ -376,43 +383,54 @@ class SqliteStore:
         `apply` gets the `sqlite3.Connection` inside the write transaction; it must
         not commit or roll back (such statements are refused). Any exception (a
         stale permit, a lost lease, or one raised by `apply`) rolls everything
-        back: no revision bump, no event, no payload.
+        back: no revision bump, no event, no payload. What `apply` raises
+        propagates unchanged, its SQL's own errors too (an IntegrityError, a
+        refused COMMIT); only trouble with the file itself (busy past
+        busy_timeout, I/O, disk full, corruption) becomes a `SqliteFileError`,
+        as for pglease's own statements.
         """
         args = _common.mutate_args(permit, event_type, payload, actor, now)
         (rid, expected, etype, otype, oid, generation, token_sha, atype, aid, body, given_now) = (
             args
         )
-        with self._db.write() as conn:
-            lease = _lock_lease(conn, rid)
-            t = clock_us(given_now)
-            if token_sha is not None:
-                _check_current(lease, otype, oid, generation, token_sha)
-                _check_revision(lease, expected)
-                _check_unexpired(lease, t)
-                atype, aid = otype, oid
-            else:
-                _check_revision(lease, expected)
-                if lease.live(t):
-                    assert lease.expires_at is not None
-                    raise ResourceLeasedError(
-                        f"resource {rid} is leased by {lease.owner_type}:{lease.owner_id}"
-                        f" (generation {lease.generation}) until"
-                        f" {from_us(lease.expires_at).isoformat()}; unleased writes are refused"
-                    )
-            sha = _store_payload(conn, body, t) if body is not None else None
-            revision, event_id = _bump(
-                conn,
-                rid,
-                t,
-                etype,
-                atype,
-                aid,
-                generation if token_sha is not None else None,
-                None,
-                sha,
-            )
-            value = _run_apply(conn, apply) if apply is not None else None
-        return MutationResult(rid, revision, event_id, value)
+        try:
+            with self._db.write() as conn:
+                lease = _lock_lease(conn, rid)
+                t = clock_us(given_now)
+                if token_sha is not None:
+                    _check_current(lease, otype, oid, generation, token_sha)
+                    _check_revision(lease, expected)
+                    _check_unexpired(lease, t)
+                    atype, aid = otype, oid
+                else:
+                    _check_revision(lease, expected)
+                    if lease.live(t):
+                        assert lease.expires_at is not None
+                        raise ResourceLeasedError(
+                            f"resource {rid} is leased by {lease.owner_type}:{lease.owner_id}"
+                            f" (generation {lease.generation}) until"
+                            f" {from_us(lease.expires_at).isoformat()};"
+                            " unleased writes are refused"
+                        )
+                sha = _store_payload(conn, body, t) if body is not None else None
+                revision, event_id = _bump(
+                    conn,
+                    rid,
+                    t,
+                    etype,
+                    atype,
+                    aid,
+                    generation if token_sha is not None else None,
+                    None,
+                    sha,
+                )
+                value = _run_apply(conn, apply) if apply is not None else None
+        except CallerError as wrapped:
+            error = wrapped.error
+        else:
+            return MutationResult(rid, revision, event_id, value)
+        # Raised outside the except block: the caller's error keeps its own context.
+        raise error
 
     def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
         """The resource with its lease state, judged by the host clock (or `now`)."""
@@ -537,5 +555,9 @@ def _run_apply(conn: sqlite3.Connection, apply: Callable[[sqlite3.Connection], T
     conn.set_authorizer(_refuse_transaction_control)
     try:
         return apply(conn)
+    except sqlite3.Error as exc:
+        if file_error(exc):
+            raise  # about the file, not the caller's SQL: mapped like pglease's own
+        raise CallerError(exc) from None
     finally:
         conn.set_authorizer(None)
