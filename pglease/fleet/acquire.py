@@ -164,7 +164,7 @@ class _Plan:
 
 def _limits(store: object) -> _core.Limits | None:
     """The store's time limits, to word its errors (None for other stores)."""
-    limits = getattr(store, "_limits", None)
+    limits = getattr(store, "limits", None)
     return limits if isinstance(limits, _core.Limits) else None
 
 

@@ -76,6 +76,11 @@ class AsyncPostgresStore:
         self._connect_timeout = connect_timeout
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
 
+    @property
+    def limits(self) -> _core.Limits:
+        """The store's statement, lock and pool time limits (as its errors name them)."""
+        return self._limits
+
     @classmethod
     async def open(cls, dsn: str | None = None, **kwargs: Any) -> AsyncPostgresStore:
         store = cls(dsn, **kwargs)

@@ -163,6 +163,11 @@ class PostgresStore:
                 self._conns.give_back(conn)
         raise AssertionError("unreachable")
 
+    @property
+    def limits(self) -> _core.Limits:
+        """The store's statement, lock and pool time limits (as its errors name them)."""
+        return self._limits
+
     def __enter__(self) -> PostgresStore:
         return self
 

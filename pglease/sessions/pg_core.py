@@ -234,7 +234,7 @@ class _Store(Protocol):
     """What the error mapping needs of either PostgreSQL store."""
 
     @property
-    def _limits(self) -> store_core.Limits: ...
+    def limits(self) -> store_core.Limits: ...
 
     @property
     def dsn(self) -> str | None: ...
@@ -247,7 +247,7 @@ def driver_error(store: _Store, exc: psycopg.Error, broken: bool = False) -> Pgl
     password. Raise it `from cause_of(error, exc)`."""
     if broken:
         return store_core.lost(exc, store.dsn)
-    return store_core.driver_error(exc, store._limits, store.dsn)
+    return store_core.driver_error(exc, store.limits, store.dsn)
 
 
 def cause_of(error: PgleaseError, exc: psycopg.Error) -> psycopg.Error | None:
