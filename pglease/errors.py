@@ -297,6 +297,14 @@ class StatementTimeoutError(DatabaseError):
     (SQLSTATE 57014); its transaction was rolled back, nothing was committed."""
 
 
+class PoolerModeError(DatabaseError):
+    """The server side behaves like a transaction-pooling pooler (PgBouncer) and
+    the store was not opened in pooler mode: a named prepared statement vanished
+    (SQLSTATE 26000) or a startup parameter was refused. Open the store with
+    ``pooler=True`` (or set ``PGLEASE_POOLER=transaction``); README "Deployment:
+    PgBouncer"."""
+
+
 class LockTimeoutError(ConflictError):
     """A lock was not granted within the store's `lock_timeout` (SQLSTATE 55P03): the
     resource is busy, say a lease row locked by a stalled transaction; nothing
@@ -344,6 +352,7 @@ __all__ += [
     "DatabaseError",
     "LockTimeoutError",
     "PoolExhaustedError",
+    "PoolerModeError",
     "StatementTimeoutError",
     "StoreClosedError",
 ]

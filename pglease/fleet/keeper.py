@@ -30,8 +30,11 @@ before claiming), so a host that cannot get one fails at once with a
 `PgleaseError` instead of claiming a lease it cannot renew. The session is
 set up with plain ``SET`` statements after connecting, never libpq startup
 ``options`` (PgBouncer refuses those), and is named ``pglease-keeper-<schema>``
-in ``pg_stat_activity``. Afterwards a broken connection is replaced at the
-next beat; its errors never reach the holder, only the loss they may cause.
+in ``pg_stat_activity``. In pooler mode (the store's ``pooler=True``) there
+is no session setup at all and psycopg prepares nothing: the beat limit's
+client-side cut-off is the only bound on a statement. Afterwards a broken
+connection is replaced at the next beat; its errors never reach the holder, only
+the loss they may cause.
 
 Clock: due times, lateness, trust windows and the beat limit's size read the
 keeper's `pglease.clock.Clock` (``clock=``, the system clock by default).
@@ -125,8 +128,11 @@ def application_name(schema: str) -> str:
     return f"pglease-keeper-{schema}"[:63]
 
 
-def _connect_kwargs(connect_timeout: float, schema: str) -> dict[str, Any]:
-    return {
+def _connect_kwargs(connect_timeout: float, schema: str, pooler: bool = False) -> dict[str, Any]:
+    """The keeper connection's options. In pooler mode psycopg prepares nothing
+    (`prepare_threshold=None`); unnamed statements are planned for their own
+    arguments, so plan_cache_mode needs no SET either."""
+    kwargs: dict[str, Any] = {
         "autocommit": True,
         "connect_timeout": max(1, math.ceil(connect_timeout)),
         "application_name": application_name(schema),
@@ -141,6 +147,9 @@ def _connect_kwargs(connect_timeout: float, schema: str) -> dict[str, Any]:
         "keepalives_count": 3,
         "tcp_user_timeout": STATEMENT_TIMEOUT_MS,
     }
+    if pooler:
+        kwargs["prepare_threshold"] = None
+    return kwargs
 
 
 def _connect_error(exc: psycopg.Error, dsn: str) -> PgleaseError:
@@ -202,6 +211,9 @@ class Keeper:
     ) -> None:
         self._dsn = store.dsn
         self._schema = store.schema
+        #: Pooler mode: no session SETs and no prepared statements; a beat's
+        #: time is bounded by the client-side cut-off (`beat_limit`) alone.
+        self._pooler = bool(getattr(store, "pooler", False))
         self._q = FleetQueries(store.schema)
         self._release_q = _release_sql(store.schema)
         self._connect_timeout = connect_timeout
@@ -347,12 +359,14 @@ class Keeper:
                 self._conn = None
                 try:
                     conn = psycopg.connect(
-                        self._dsn, **_connect_kwargs(self._connect_timeout, self._schema)
+                        self._dsn,
+                        **_connect_kwargs(self._connect_timeout, self._schema, self._pooler),
                     )
                 except psycopg.Error as exc:
                     raise _connect_error(exc, self._dsn) from exc
                 try:
-                    conn.execute(SESSION_SETUP)
+                    if not self._pooler:
+                        conn.execute(SESSION_SETUP)
                 except psycopg.Error as exc:
                     conn.close()
                     raise _connect_error(exc, self._dsn) from exc
@@ -423,6 +437,9 @@ class AsyncKeeper:
     ) -> None:
         self._dsn = store.dsn
         self._schema = store.schema
+        #: Pooler mode: no session SETs and no prepared statements; a beat's
+        #: time is bounded by the client-side cut-off (`beat_limit`) alone.
+        self._pooler = bool(getattr(store, "pooler", False))
         self._q = FleetQueries(store.schema)
         self._release_q = _release_sql(store.schema)
         self._connect_timeout = connect_timeout
@@ -528,7 +545,8 @@ class AsyncKeeper:
                     # A client-side bound too: psycopg's connect_timeout is per attempt.
                     async with asyncio.timeout(self._connect_timeout + 1):
                         conn = await psycopg.AsyncConnection.connect(
-                            self._dsn, **_connect_kwargs(self._connect_timeout, self._schema)
+                            self._dsn,
+                            **_connect_kwargs(self._connect_timeout, self._schema, self._pooler),
                         )
                 except psycopg.Error as exc:
                     raise _connect_error(exc, self._dsn) from exc
@@ -537,7 +555,8 @@ class AsyncKeeper:
                         f"{_CONNECT_FAILED}: no answer within {self._connect_timeout:g} s"
                     ) from exc
                 try:
-                    await conn.execute(SESSION_SETUP)
+                    if not self._pooler:
+                        await conn.execute(SESSION_SETUP)
                 except psycopg.Error as exc:
                     await conn.close()
                     raise _connect_error(exc, self._dsn) from exc

@@ -7,6 +7,7 @@ semantics cannot drift apart.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ from ..errors import (
     PayloadConflictError,
     PermissionDeniedError,
     PgleaseError,
+    PoolerModeError,
     PoolExhaustedError,
     ResourceLeasedError,
     StaleResourceError,
@@ -98,8 +100,10 @@ def unavailable(
     exc: psycopg.Error,
     what: str = "cannot connect to PostgreSQL",
     dsn: str | None = None,
-) -> DatabaseUnavailableError:
+) -> DatabaseUnavailableError | PoolerModeError:
     """One line naming the server (libpq's first line has host and port), no password."""
+    if (hint := pooler_hint(exc)) is not None:
+        return PoolerModeError(f"{what}: {_detail(exc, dsn)}{hint}", sqlstate=exc.diag.sqlstate)
     return DatabaseUnavailableError(f"{what}: {_detail(exc, dsn)}")
 
 
@@ -190,6 +194,14 @@ class Limits:
         )
 
     @property
+    def local_settings(self) -> bytes | None:
+        """The same limits as SET LOCAL: pooler mode runs them at the start of each
+        transaction pglease opens, since a session SET would stay on whichever
+        server connection the pooler happened to pick."""
+        sets = self.settings
+        return sets.replace(b"SET ", b"SET LOCAL ") if sets is not None else None
+
+    @property
     def settings(self) -> bytes | None:
         """The SET statements every store connection runs once (None: nothing to set).
 
@@ -222,12 +234,51 @@ def _server_limit(value: object, what: str) -> float | None:
     return seconds
 
 
-def connect_kwargs(schema: str) -> dict[str, Any]:
+def connect_kwargs(schema: str, pooler: bool = False) -> dict[str, Any]:
     """Connection options of every store connection.
 
     `fallback_application_name` names the store in pg_stat_activity unless the
-    DSN or PGAPPNAME already gives an application_name."""
-    return {"autocommit": True, "fallback_application_name": f"pglease-{schema}"}
+    DSN or PGAPPNAME already gives an application_name. In pooler mode psycopg
+    never prepares statements (`prepare_threshold=None`): a named statement lives
+    on one server connection and the pooler hands out another one next time."""
+    kwargs: dict[str, Any] = {"autocommit": True, "fallback_application_name": f"pglease-{schema}"}
+    if pooler:
+        kwargs["prepare_threshold"] = None
+    return kwargs
+
+
+#: The environment switch for pooler mode (README "Deployment: PgBouncer").
+POOLER_ENV = "PGLEASE_POOLER"
+
+
+def pooler_mode(pooler: object) -> bool:
+    """The store's `pooler` option, or ``PGLEASE_POOLER=transaction`` from the
+    environment (either one turns pooler mode on)."""
+    if not isinstance(pooler, bool):
+        raise ValidationError(f"pooler must be True or False, got {type(pooler).__name__}")
+    value = os.environ.get(POOLER_ENV, "").strip().lower()
+    if value in ("", "0", "off", "none", "session"):
+        return pooler
+    if value == "transaction":
+        return True
+    raise ValidationError(f"{POOLER_ENV} must be 'transaction' (or empty/unset), got {value!r}")
+
+
+_POOLER_HINT = (
+    " (this looks like a transaction-pooling pooler such as PgBouncer: open the store"
+    f' with pooler=True or set {POOLER_ENV}=transaction; README "Deployment: PgBouncer")'
+)
+
+
+def pooler_hint(exc: psycopg.Error) -> str | None:
+    """The advice to switch pooler mode on, for the errors a transaction pooler
+    causes when it is off; None for any other error."""
+    text = str(exc)
+    if exc.diag.sqlstate == "26000" and "prepared statement" in text:
+        return _POOLER_HINT
+    if "unsupported startup parameter" in text:
+        return _POOLER_HINT
+    return None
 
 
 # Connection trouble the server reports before it hangs up (class 08: connection
@@ -250,6 +301,8 @@ def driver_error(
     if known is not None:
         return known
     sqlstate = exc.diag.sqlstate
+    if (hint := pooler_hint(exc)) is not None:
+        return PoolerModeError(f"PostgreSQL error: {_detail(exc, dsn)}{hint}", sqlstate=sqlstate)
     if isinstance(exc, psycopg.OperationalError) and (
         sqlstate is None or sqlstate.startswith(_CONNECTION_STATES)
     ):

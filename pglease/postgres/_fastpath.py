@@ -13,6 +13,12 @@ connection's first call, after a reconnect, or after a DEALLOCATE ALL. The
 store's session settings (time limits) are applied again with them: a DISCARD
 ALL, which also drops prepared statements, resets those too.
 
+Pooler mode (``pooler=True``): a transaction-pooling pooler runs each call on
+whichever server connection is free, where a statement prepared earlier does
+not exist. The same text then goes as an unnamed statement (`exec_params`, the
+same parameter and result formats): one message sequence, parsed each time.
+Nothing is set per session in that mode (see `PostgresStore`).
+
 A failure before the call's own statement reached the server (sending it was
 refused, or preparing failed) raises `NotSentError`: such a call certainly did
 nothing and may be retried on another connection. Anything after that is the
@@ -70,14 +76,21 @@ class FastPath:
     """Prepared claim/renew/release for one schema.
 
     `setup` (SET statements) runs before the statements are prepared, and
-    `limits` words the time-limit errors."""
+    `limits` words the time-limit errors. With `pooler` nothing is prepared:
+    every call is an unnamed statement."""
 
     def __init__(
-        self, schema: str, setup: bytes | None = None, limits: _core.Limits | None = None
+        self,
+        schema: str,
+        setup: bytes | None = None,
+        limits: _core.Limits | None = None,
+        *,
+        pooler: bool = False,
     ) -> None:
         s = f'"{schema}"'
         self._setup = setup
         self._limits = limits
+        self.pooler = pooler
         self.statements = {
             CLAIM: f"SELECT claimed, generation, {_MICROS}, revision FROM {s}.claim("
             "$1, $2, $3, $4, $5::float8, $6::bigint, $7::timestamptz)",
@@ -86,6 +99,7 @@ class FastPath:
             RELEASE: f"SELECT revision FROM {s}.release("
             "$1, $2, $3, $4::bigint, $5, $6::bigint, $7::timestamptz)",
         }
+        self._texts = {name: text.encode() for name, text in self.statements.items()}
         # Text for every parameter but the token hash (bytea, sent as binary).
         self._formats = {CLAIM: [0, 0, 0, 1, 0, 0, 0], RENEW: [0, 0, 0, 0, 1, 0, 0, 0],
                          RELEASE: [0, 0, 0, 0, 1, 0, 0]}  # fmt: skip
@@ -113,6 +127,10 @@ class FastPath:
         """Run one prepared call and return its single row as raw text values."""
         values = [_encode(a) for a in args]
         formats = self._formats[name]
+        if self.pooler:
+            result = self._exec_unnamed(conn, self._texts[name], values, formats)
+            self._check(conn, result, _TUPLES_OK)
+            return [result.get_value(0, col) or b"" for col in range(result.nfields)]
         result = self._exec(conn, name, values, formats)
         if result.status != _TUPLES_OK:
             if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
@@ -122,6 +140,15 @@ class FastPath:
                 result = self._exec(conn, name, values, formats)
             self._check(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+
+    @staticmethod
+    def _exec_unnamed(
+        conn: psycopg.Connection[Any], text: bytes, values: list[Any], formats: list[int]
+    ) -> pq.abc.PGresult:
+        try:
+            return conn.pgconn.exec_params(text, values, param_formats=formats)
+        except psycopg.Error as exc:
+            raise NotSentError(exc) from exc  # no result: libpq refused to send
 
     @staticmethod
     def _exec(
@@ -144,7 +171,10 @@ class AsyncFastPath(FastPath):
         self, conn: psycopg.AsyncConnection[Any], name: bytes, values: list[Any], formats: list[int]
     ) -> pq.abc.PGresult:
         try:
-            conn.pgconn.send_query_prepared(name, values, formats)
+            if self.pooler:
+                conn.pgconn.send_query_params(self._texts[name], values, param_formats=formats)
+            else:
+                conn.pgconn.send_query_prepared(name, values, formats)
         except psycopg.Error as exc:
             raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
         results: list[pq.abc.PGresult] = await conn.wait(generators.execute(conn.pgconn))
@@ -172,7 +202,10 @@ class AsyncFastPath(FastPath):
         formats = self._formats[name]
         result = await self._exec_async(conn, name, values, formats)
         if result.status != _TUPLES_OK:
-            if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
+            if (
+                not self.pooler
+                and result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT
+            ):
                 await self._prepare_async(conn)
                 result = await self._exec_async(conn, name, values, formats)
             self._check(conn, result, _TUPLES_OK)

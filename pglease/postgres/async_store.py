@@ -63,13 +63,26 @@ class AsyncPostgresStore:
         statement_timeout: float | None = 30.0,
         lock_timeout: float | None = 10.0,
         pool_timeout: float = 30.0,
+        pooler: bool = False,
     ) -> None:
         self.schema = check_schema_name(schema)
+        #: Pooler mode (``pooler=True`` or ``PGLEASE_POOLER=transaction``): safe
+        #: behind a transaction-pooling pooler; README "Deployment: PgBouncer".
+        self.pooler = _core.pooler_mode(pooler)
         connect_timeout = check_positive_seconds(connect_timeout, "connect_timeout")
         self._limits = _core.Limits.of(statement_timeout, lock_timeout, pool_timeout, max_size)
         self._dsn = dsn
         self._q = Queries(schema)
-        self._fast = AsyncFastPath(schema, self._limits.settings, self._limits)
+        #: Pooler mode: the limits as SET LOCAL, run first in each mutate transaction.
+        self._local_limits = self._limits.local_settings if self.pooler else None
+        # Pooler mode sets nothing per session: the limits go per transaction
+        # (mutate), and the fast path sends unnamed statements.
+        self._fast = AsyncFastPath(
+            schema,
+            None if self.pooler else self._limits.settings,
+            self._limits,
+            pooler=self.pooler,
+        )
         self._min_size = min_size
         self._max_size = max_size
         self._auto_migrate = auto_migrate
@@ -93,7 +106,7 @@ class AsyncPostgresStore:
         # Starting the embedded server blocks for about a second: keep the loop free.
         dsn = await asyncio.to_thread(resolve_dsn, self._dsn)
         self.dsn = dsn
-        kwargs = _core.connect_kwargs(self.schema)
+        kwargs = _core.connect_kwargs(self.schema, self.pooler)
         # Migrations run without the time limits: they wait for each other on purpose.
         try:
             conn = await psycopg.AsyncConnection.connect(
@@ -129,8 +142,9 @@ class AsyncPostgresStore:
         self._pool = pool
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Set the time limits once per connection (the pool calls this on connect)."""
-        if (settings := self._limits.settings) is not None:
+        """Set the time limits once per connection (the pool calls this on connect);
+        not in pooler mode, where a session SET would land on a random server."""
+        if not self.pooler and (settings := self._limits.settings) is not None:
             await conn.execute(settings)
 
     def _error(self, exc: psycopg.Error) -> PgleaseError:
@@ -245,6 +259,8 @@ class AsyncPostgresStore:
 
     async def migrate(self) -> list[str]:
         async def run(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+            if self.pooler:  # no session limits were set; none to lift or restore
+                return [m.label for m in await migrate_async(conn, self.schema)]
             # Migrators queue on each other's lock and may run long: no limits.
             await conn.execute(b"SET statement_timeout = 0; SET lock_timeout = 0")
             try:
@@ -320,6 +336,8 @@ class AsyncPostgresStore:
         phase = _core.BEGIN
         try:
             async with conn.transaction():
+                if self._local_limits is not None:
+                    await conn.execute(self._local_limits)
                 row = await (await conn.execute(self._q.mutate_begin, args)).fetchone()
                 assert row is not None
                 phase = _core.APPLY
@@ -431,7 +449,7 @@ class AsyncPostgresStore:
         types: Iterable[str] | str | None = None,
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
-        mode: str = "listen",
+        mode: str | None = None,
         interval: float | None = None,
         max_pending: int = 10_000,
         retry_window: float = 30.0,
@@ -444,6 +462,8 @@ class AsyncPostgresStore:
         missed span from the log itself (bounded memory, nothing lost). Errors
         that cannot heal, or that last `retry_window` seconds, reach the consumer
         as `WatchFailedError`; `watcher.health` tells the last error and the lag.
+        `mode` defaults to "listen", or "poll" in pooler mode (where "listen" is
+        refused: a pooler does not keep a LISTEN's session).
         See `pglease.watch.AsyncWatcher`."""
         from ..watch import watch_async
 

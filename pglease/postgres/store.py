@@ -64,14 +64,27 @@ class PostgresStore:
         statement_timeout: float | None = 30.0,
         lock_timeout: float | None = 10.0,
         pool_timeout: float = 30.0,
+        pooler: bool = False,
     ) -> None:
         self.schema = check_schema_name(schema)
+        #: Pooler mode (``pooler=True`` or ``PGLEASE_POOLER=transaction``): safe
+        #: behind a transaction-pooling pooler; README "Deployment: PgBouncer".
+        self.pooler = _core.pooler_mode(pooler)
         connect_timeout = check_positive_seconds(connect_timeout, "connect_timeout")
         self._limits = _core.Limits.of(statement_timeout, lock_timeout, pool_timeout, max_size)
         self.dsn = resolve_dsn(dsn)
         self._q = Queries(schema)
-        self._fast = FastPath(schema, self._limits.settings, self._limits)
-        kwargs = _core.connect_kwargs(schema)
+        #: Pooler mode: the limits as SET LOCAL, run first in each mutate transaction.
+        self._local_limits = self._limits.local_settings if self.pooler else None
+        # Pooler mode sets nothing per session: the limits go per transaction
+        # (mutate), and the fast path sends unnamed statements.
+        self._fast = FastPath(
+            schema,
+            None if self.pooler else self._limits.settings,
+            self._limits,
+            pooler=self.pooler,
+        )
+        kwargs = _core.connect_kwargs(schema, self.pooler)
         # One direct connection first: a bad DSN or a down server fails fast with
         # one clear error instead of a pool retrying in the background. Migrations
         # run without the time limits: they wait for each other on purpose.
@@ -107,8 +120,9 @@ class PostgresStore:
         self._conns = ConnectionStack(self._pool)
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Set the time limits once per connection (the pool calls this on connect)."""
-        if (settings := self._limits.settings) is not None:
+        """Set the time limits once per connection (the pool calls this on connect);
+        not in pooler mode, where a session SET would land on a random server."""
+        if not self.pooler and (settings := self._limits.settings) is not None:
             conn.execute(settings)
 
     def _error(self, exc: psycopg.Error) -> PgleaseError:
@@ -197,6 +211,8 @@ class PostgresStore:
         """Apply pending migrations; return the names of those applied."""
 
         def run(conn: psycopg.Connection[Any]) -> list[str]:
+            if self.pooler:  # no session limits were set; none to lift or restore
+                return [m.label for m in migrate(conn, self.schema)]
             # Migrators queue on each other's lock and may run long: no limits.
             conn.execute(b"SET statement_timeout = 0; SET lock_timeout = 0")
             try:
@@ -279,6 +295,8 @@ class PostgresStore:
         phase = _core.BEGIN
         try:
             with conn.transaction():
+                if self._local_limits is not None:
+                    conn.execute(self._local_limits)
                 row = conn.execute(self._q.mutate_begin, args).fetchone()
                 assert row is not None
                 phase = _core.APPLY
@@ -384,7 +402,7 @@ class PostgresStore:
         types: Iterable[str] | str | None = None,
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
-        mode: str = "listen",
+        mode: str | None = None,
         interval: float | None = None,
         max_pending: int = 10_000,
         retry_window: float = 30.0,
@@ -397,6 +415,8 @@ class PostgresStore:
         missed span from the log itself (bounded memory, nothing lost). Errors
         that cannot heal, or that last `retry_window` seconds, reach the consumer
         as `WatchFailedError`; `watcher.health` tells the last error and the lag.
+        `mode` defaults to "listen", or "poll" in pooler mode (where "listen" is
+        refused: a pooler does not keep a LISTEN's session).
         See `pglease.watch.Watcher`."""
         from ..watch import watch
 

@@ -139,8 +139,13 @@ class Hub:
         tuning: HubTuning = DEFAULT_TUNING,
         clock: Clock = SYSTEM_CLOCK,
         retry_window: float = DEFAULT_RETRY_WINDOW,
+        pooler: bool = False,
     ) -> None:
+        if pooler and mode == "listen":
+            raise ValueError("a hub in pooler mode cannot LISTEN")  # the watcher says why
         self.dsn = dsn
+        #: Pooler mode: the read is an unnamed statement, psycopg prepares nothing.
+        self.pooler = pooler
         self.schema = schema
         self.mode = mode
         #: listen mode: fallback poll when no NOTIFY arrives; poll mode: poll period.
@@ -269,7 +274,10 @@ class Hub:
 
     def _open(self) -> psycopg.Connection[Any]:
         """Connect, LISTEN (listen mode) and prepare the read."""
-        conn = psycopg.connect(self.dsn, autocommit=True)
+        if self.pooler:
+            conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
+        else:
+            conn = psycopg.connect(self.dsn, autocommit=True)
         self._conn = conn
         self.connects += 1
         if self.mode == "listen":
@@ -278,8 +286,12 @@ class Hub:
             conn.execute(sql.SQL("LISTEN {}").format(self._channel))
         # The read goes straight through libpq as a prepared statement, its rows
         # loaded by psycopg's C loaders: psycopg's cursor machinery would cost
-        # more client CPU per read than the server spends on it.
-        check_result(conn, conn.pgconn.prepare(READ_STATEMENT, self._q.read_prepared), _COMMAND_OK)
+        # more client CPU per read than the server spends on it. Behind a
+        # transaction pooler it is an unnamed statement (parsed each time): a
+        # named one would exist on one server connection only.
+        if not self.pooler:
+            result = conn.pgconn.prepare(READ_STATEMENT, self._q.read_prepared)
+            check_result(conn, result, _COMMAND_OK)
         self._loader = Transformer.from_context(conn)
         return conn
 
@@ -412,7 +424,10 @@ class Hub:
         # snapshot (its writer had committed).
         self._woken = False
         pgconn = conn.pgconn
-        result = pgconn.exec_prepared(READ_STATEMENT, args)
+        if self.pooler:
+            result = pgconn.exec_params(self._q.read_prepared, args)
+        else:
+            result = pgconn.exec_prepared(READ_STATEMENT, args)
         check_result(conn, result, _TUPLES_OK)
         self.reads += 1
         clock = self.clock
@@ -474,6 +489,8 @@ class HubOptions:
     retry_window: float = DEFAULT_RETRY_WINDOW
     clock: Clock = SYSTEM_CLOCK
     tuning: HubTuning = DEFAULT_TUNING
+    #: Behind a transaction pooler: no prepared statements on the hub's connection.
+    pooler: bool = False
 
 
 DEFAULT_OPTIONS = HubOptions()
@@ -498,6 +515,7 @@ def acquire(
             hub = Hub(
                 dsn, schema, mode, interval, key,
                 tuning=options.tuning, clock=options.clock, retry_window=options.retry_window,
+                pooler=options.pooler,
             )  # fmt: skip
             _hubs[key] = hub
         return hub, hub.subscribe(deliver, consumers)

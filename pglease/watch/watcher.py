@@ -95,18 +95,29 @@ class _Base:
         types: Iterable[str] | str | None,
         resources: Iterable[str] | str | None,
         event_types: Iterable[str] | str | None,
-        mode: str,
+        mode: str | None,
         interval: float | None,
         max_pending: int,
         retry_window: float,
         clock: Clock | None,
         tuning: _hub.HubTuning | None,
     ) -> None:
-        self.mode: Mode = check_mode(mode)
+        pooler = bool(getattr(store, "pooler", False))
+        self.mode: Mode = check_mode(("poll" if pooler else "listen") if mode is None else mode)
+        if pooler and self.mode == "listen":
+            # A transaction pooler hands the LISTEN's server connection to other
+            # clients: notifications would go missing or reach nobody.
+            raise ValidationError(
+                "mode='listen' cannot work in pooler mode (a transaction pooler keeps no"
+                " session for LISTEN): use mode='poll', the default there"
+            )
         self.retry_window = check_retry_window(retry_window)
         self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
         self._options = _hub.HubOptions(
-            self.retry_window, self._clock, _hub.DEFAULT_TUNING if tuning is None else tuning
+            self.retry_window,
+            self._clock,
+            _hub.DEFAULT_TUNING if tuning is None else tuning,
+            pooler,
         )
         self.max_pending = check_max_pending(max_pending)
         default = DEFAULT_FALLBACK_INTERVAL if self.mode == "listen" else DEFAULT_POLL_INTERVAL
@@ -209,8 +220,9 @@ class Watcher(_Base):
     `after` is a cursor from a previous event (or `watcher.cursor`), ``"now"``
     (the default: only events committed from now on) or ``"start"`` (the
     oldest retained event). `types`, `resources` and `event_types` narrow what
-    is yielded. `mode="poll"` never LISTENs (PgBouncer transaction pooling);
-    `interval` is then the poll period, in listen mode the fallback poll.
+    is yielded. `mode="poll"` never LISTENs (PgBouncer transaction pooling; the
+    default, and the only mode, for a store in pooler mode); `interval` is then
+    the poll period (50 ms default), in listen mode the fallback poll.
 
     Iterate it, or call `get(timeout)` / `get_batch(timeout)`. Raises
     `CursorExpiredError` when the cursor is older than the prune horizon, and
@@ -238,7 +250,7 @@ class Watcher(_Base):
         types: Iterable[str] | str | None = None,
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
-        mode: str = "listen",
+        mode: str | None = None,
         interval: float | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         retry_window: float = DEFAULT_RETRY_WINDOW,
@@ -369,7 +381,7 @@ class AsyncWatcher(_Base):
         types: Iterable[str] | str | None = None,
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
-        mode: str = "listen",
+        mode: str | None = None,
         interval: float | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
         retry_window: float = DEFAULT_RETRY_WINDOW,
@@ -572,7 +584,7 @@ def watch(
     types: Iterable[str] | str | None = None,
     resources: Iterable[str] | str | None = None,
     event_types: Iterable[str] | str | None = None,
-    mode: str = "listen",
+    mode: str | None = None,
     interval: float | None = None,
     max_pending: int = DEFAULT_MAX_PENDING,
     retry_window: float = DEFAULT_RETRY_WINDOW,
@@ -594,7 +606,7 @@ def watch_async(
     types: Iterable[str] | str | None = None,
     resources: Iterable[str] | str | None = None,
     event_types: Iterable[str] | str | None = None,
-    mode: str = "listen",
+    mode: str | None = None,
     interval: float | None = None,
     max_pending: int = DEFAULT_MAX_PENDING,
     retry_window: float = DEFAULT_RETRY_WINDOW,

@@ -1,0 +1,328 @@
+"""Pooler mode through a real PgBouncer in transaction pooling mode.
+
+The bouncer runs with ``server_reset_query_always``: every transaction ends
+with a DISCARD ALL on its server connection, so anything that relied on
+session state (a prepared statement, a SET, a LISTEN) fails at once instead of
+working by luck when the same server connection happens to come back. Skipped
+with the reason when no pgbouncer binary exists or it cannot start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from pglease import AsyncPostgresStore, PostgresStore
+from pglease.errors import PoolerModeError, ValidationError
+from pglease.types import Owner, Permit
+
+USER = "pglease_ci"
+START_DEADLINE = 20.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _bouncer_binary() -> str | None:
+    return shutil.which("pgbouncer") or next(
+        (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None
+    )
+
+
+def _socket_owner(host: str) -> str | None:
+    """The non-root owner of the server's socket directory, if any: the embedded
+    server keeps its socket in its 0700 data directory, which only that user
+    (and root) may enter, so the bouncer runs as that user there."""
+    if not host.startswith("/"):
+        return None
+    try:
+        uid = os.stat(host).st_uid
+    except OSError:
+        return None
+    return pwd.getpwuid(uid).pw_name if uid != 0 else None
+
+
+@pytest.fixture(scope="module")
+def bouncer_dsn(pg_dsn: str) -> Iterator[str]:
+    """A PgBouncer (transaction pooling, 2 server connections) in front of the test server."""
+    binary = _bouncer_binary()
+    if binary is None:
+        pytest.skip("no pgbouncer binary (apt-get install pgbouncer)")
+    params = conninfo_to_dict(pg_dsn)
+    user = str(params.get("user") or "postgres")
+    dbname = str(params.get("dbname") or "postgres")
+    host = str(params.get("host") or "/tmp")
+    port = str(params.get("port") or "5432")
+    work = Path(tempfile.mkdtemp(prefix="pglease-bouncer-"))
+    listen = _free_port()
+    (work / "users.txt").write_text(f'"{user}" ""\n')
+    (work / "pgbouncer.ini").write_text(
+        "[databases]\n"
+        f"* = host={host} port={port}\n"
+        "[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {listen}\n"
+        f"unix_socket_dir = {work}\n"
+        "pool_mode = transaction\n"
+        "default_pool_size = 2\nmax_client_conn = 100\n"
+        f"auth_type = trust\nauth_file = {work / 'users.txt'}\n"
+        # Reset every server connection after every transaction: see the docstring.
+        "server_reset_query = DISCARD ALL\nserver_reset_query_always = 1\n"
+        "ignore_startup_parameters = extra_float_digits\n"
+        f"logfile = {work / 'pgbouncer.log'}\npidfile = {work / 'pgbouncer.pid'}\n"
+    )
+    command = [binary, str(work / "pgbouncer.ini")]
+    if os.getuid() == 0:  # pgbouncer refuses to run as root
+        run_as = _socket_owner(host) or USER
+        if run_as == USER and subprocess.run(["id", "-u", USER], capture_output=True).returncode:
+            made = subprocess.run(
+                ["useradd", "--system", "--no-create-home", USER], capture_output=True
+            )
+            if made.returncode != 0:
+                pytest.skip(f"cannot create user {USER} for pgbouncer: {made.stderr!r}")
+        shutil.chown(work, run_as)
+        for child in work.iterdir():
+            shutil.chown(child, run_as)
+        command = ["runuser", "-u", run_as, "--", *command]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    dsn = f"postgresql://{user}@127.0.0.1:{listen}/{dbname}"
+    deadline = time.monotonic() + START_DEADLINE
+    try:
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                log = work / "pgbouncer.log"
+                out += log.read_text(errors="replace") if log.exists() else ""
+                pytest.skip(f"pgbouncer could not start (exit {proc.returncode}): {out[-800:]}")
+            try:
+                with psycopg.connect(dsn, connect_timeout=2, prepare_threshold=None) as conn:
+                    conn.execute("SELECT 1")
+                break
+            except psycopg.Error as exc:
+                if time.monotonic() > deadline:
+                    log = work / "pgbouncer.log"
+                    tail = log.read_text(errors="replace")[-600:] if log.exists() else ""
+                    pytest.skip(
+                        f"pgbouncer did not answer within {START_DEADLINE:g} s: {exc}; {tail}"
+                    )
+                time.sleep(0.1)
+        yield dsn
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def store(bouncer_dsn: str, schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True, max_size=4) as s:
+        yield s
+
+
+class Busy:
+    """Other clients keeping the bouncer's two server connections busy."""
+
+    def __init__(self, dsn: str, clients: int = 2) -> None:
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def _run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None) as conn:
+                while not self.stop.is_set():
+                    conn.execute("SELECT pg_sleep(0.002)")
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def __enter__(self) -> Busy:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+        assert not self.errors, self.errors
+
+
+def test_fast_path_from_threads_while_pool_is_busy(store: PostgresStore, bouncer_dsn: str) -> None:
+    errors: list[BaseException] = []
+
+    def worker(n: int) -> None:
+        try:
+            rid = store.ensure_resource("job", f"w{n}")
+            owner = Owner("worker", f"w{n}")
+            for _ in range(60):
+                claim = store.claim(rid, owner, 30)
+                assert claim is not None
+                claim = store.renew(claim, 30)
+                store.release(claim)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with Busy(bouncer_dsn):
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors
+    # 60 rounds x 3 writes, one revision each, per resource.
+    assert all(r.revision >= 180 for r in store.list_resources("job"))
+
+
+def test_mutate_get_list_events(store: PostgresStore) -> None:
+    rid = store.ensure_resource("doc", "a")
+    claim = store.claim(rid, Owner("w", "1"), 30)
+    assert claim is not None
+
+    def apply(conn: psycopg.Connection[Any]) -> int:
+        # The limits are SET LOCAL in this transaction.
+        row = conn.execute("SELECT current_setting('lock_timeout')").fetchone()
+        assert row is not None and row[0] == "10s"
+        return 7
+
+    result = store.mutate(Permit(rid, claim.revision, claim), "doc.edited", apply, {"n": 1})
+    assert result.value == 7 and result.revision == claim.revision + 1
+    state = store.get(rid)
+    assert state.revision == result.revision
+    assert [r.id for r in store.list_resources()] == [rid]
+    events = store.events(rid)
+    assert events[-1].type == "doc.edited" and events[-1].payload == {"n": 1}
+    assert store.events_after("start")[-1].id == events[-1].id
+
+
+def test_hold_with_keeper_heartbeats(store: PostgresStore, bouncer_dsn: str) -> None:
+    with Busy(bouncer_dsn), store.hold("svc", "k", Owner("host", "h1"), ttl=1.0) as lease:
+        first = lease.expires_at
+        time.sleep(2.5)  # about seven beats at ttl/3
+        lease.check()
+        assert lease.expires_at > first
+        assert store.get(lease.resource_id).lease.owner == Owner("host", "h1")
+
+
+def test_acquire_is_woken_by_release(store: PostgresStore) -> None:
+    rid = store.ensure_resource("svc", "q")
+    held = store.claim(rid, Owner("host", "a"), 60)
+    assert held is not None
+    out: dict[str, Any] = {}
+
+    def waiter() -> None:
+        started = time.monotonic()
+        out["claim"] = store.acquire("svc", "q", Owner("host", "b"), 30, timeout=20)
+        out["elapsed"] = time.monotonic() - started
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(1.0)  # let the waiter's poll watcher start
+    store.release(held)
+    released = time.monotonic()
+    t.join(30)
+    assert out["claim"].owner == Owner("host", "b")
+    # A bound, not a speed claim: far below the 60 s expiry and the 20 s timeout.
+    assert out["elapsed"] < 10 and time.monotonic() - released < 10
+
+
+def test_poll_watcher_gets_every_event_while_pool_is_busy(
+    store: PostgresStore, bouncer_dsn: str
+) -> None:
+    rid = store.ensure_resource("doc", "w")
+    claim = store.claim(rid, Owner("w", "1"), 120)
+    assert claim is not None
+    with store.watch(resources=rid, event_types="doc.n") as watcher:
+        assert watcher.mode == "poll" and watcher.interval == pytest.approx(0.05)
+        got: list[int] = []
+        with Busy(bouncer_dsn):
+            revision = claim.revision
+            for n in range(200):
+                revision = store.mutate(Permit(rid, revision, claim), "doc.n", None, n).revision
+            deadline = time.monotonic() + 60
+            while len(got) < 200 and time.monotonic() < deadline:
+                event = watcher.get(timeout=1.0)
+                if event is not None:
+                    got.append(event.payload)
+    assert got == list(range(200))
+
+
+def test_listen_is_refused_in_pooler_mode(store: PostgresStore) -> None:
+    with pytest.raises(ValidationError, match="mode='poll'"):
+        store.watch(mode="listen")
+
+
+def test_async_store(bouncer_dsn: str, schema: str) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(bouncer_dsn, schema=schema, pooler=True, max_size=3) as s:
+
+            async def worker(n: int) -> None:
+                rid = await s.ensure_resource("job", f"a{n}")
+                for _ in range(30):
+                    claim = await s.claim(rid, Owner("w", str(n)), 30)
+                    assert claim is not None
+                    claim = await s.renew(claim, 30)
+                    await s.release(claim)
+
+            await asyncio.gather(*(worker(n) for n in range(4)))
+            rid = await s.ensure_resource("doc", "x")
+            claim = await s.claim(rid, Owner("w", "x"), 30)
+            assert claim is not None
+            result = await s.mutate(Permit(rid, claim.revision, claim), "doc.x")
+            assert (await s.get(rid)).revision == result.revision
+            assert (await s.events(rid))[-1].type == "doc.x"
+            async with s.watch(after="start", resources=rid, event_types="doc.x") as watcher:
+                assert watcher.mode == "poll"
+                event = await asyncio.wait_for(watcher.__anext__(), 20)
+                assert event.revision == result.revision
+
+    asyncio.run(main())
+
+
+def test_pooler_errors_name_the_switch(
+    bouncer_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True):
+        pass  # migrated through the bouncer
+    monkeypatch.delenv("PGLEASE_POOLER", raising=False)
+    with PostgresStore(bouncer_dsn, schema=schema) as plain:
+        assert not plain.pooler
+        rid = plain.ensure_resource("job", "p")
+        # Prepared on one server connection, DISCARDed before the next call.
+        with pytest.raises(PoolerModeError, match="pooler=True") as info:
+            plain.claim(rid, Owner("w", "1"), 30)
+        assert info.value.sqlstate == "26000"
+    monkeypatch.setenv("PGLEASE_POOLER", "transaction")
+    with PostgresStore(bouncer_dsn, schema=schema) as switched:
+        assert switched.pooler
+        assert switched.claim(rid, Owner("w", "1"), 30) is not None
+    monkeypatch.setenv("PGLEASE_POOLER", "sometimes")
+    with pytest.raises(ValidationError, match="PGLEASE_POOLER"):
+        PostgresStore(bouncer_dsn, schema=schema)
+
+
+def test_refused_startup_parameter_names_the_switch(bouncer_dsn: str, schema: str) -> None:
+    options = "options=-c%20work_mem%3D8MB"
+    with pytest.raises(PoolerModeError, match="pooler=True"):
+        PostgresStore(f"{bouncer_dsn}?{options}", schema=f"{schema}_{uuid.uuid4().hex[:4]}")
