@@ -50,6 +50,10 @@ class PostgresStore:
     None to leave the server's setting) are set on each connection, and
     `pool_timeout` bounds the wait for a free connection. No driver error
     escapes the lease API: see README "Errors".
+
+    `pooler=True` (or ``PGLEASE_POOLER=transaction``) is for a transaction-pooling
+    pooler such as PgBouncer: no prepared statements, no session SETs (the limits
+    become SET LOCAL in `mutate`), watchers poll. README "Deployment: PgBouncer".
     """
 
     def __init__(
