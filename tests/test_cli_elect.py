@@ -30,10 +30,12 @@ PGLEASE = (
 DEADLINE = 60.0
 
 
-def pglease_run(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
+def pglease_run(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*PGLEASE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kw
-    )  # type: ignore[call-overload, no-any-return]
+        [*PGLEASE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _elect(dsn: str, schema: str, owner: str, *command: str) -> subprocess.Popen[str]:
