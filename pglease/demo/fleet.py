@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -15,8 +16,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from ..errors import ValidationError
 from ..postgres import PostgresStore
 from ..types import Event
+from ..validation import check_ttl
 from .checker import History, check_history
 from .host import WRITE_EVENT
 
@@ -33,6 +36,9 @@ class DemoReport:
     fenced: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    schema: str = "pglease_demo"
+    #: The demo ran on the embedded server, which it leaves running.
+    embedded: bool = False
 
     @property
     def ok(self) -> bool:
@@ -50,6 +56,26 @@ def _reset_schema(dsn: str, schema: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
         conn.execute(drop.format(sql.Identifier(schema)))
+
+
+#: More host processes than this is a typo, and would exhaust the server's connections.
+MAX_HOSTS = 32
+MAX_RESOURCES = 100
+
+
+def check_demo_args(hosts: int, resources: int, seconds: float, ttl: float) -> None:
+    """Refuse settings the demo cannot run with (a usage error, exit 2), before any work."""
+    if not 1 <= hosts <= MAX_HOSTS:
+        raise ValidationError(f"--hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
+    if not 1 <= resources <= MAX_RESOURCES:
+        raise ValidationError(f"--resources must be between 1 and {MAX_RESOURCES}, got {resources}")
+    check_ttl(ttl)
+    # Half-way through a host is SIGKILLed while it holds a lease; its lease must
+    # run out before the end for a takeover to be seen.
+    if not seconds >= max(1.0, 2 * ttl):
+        raise ValidationError(
+            f"--seconds must be at least 1s and twice the ttl ({2 * ttl:g}s), got {seconds:g}"
+        )
 
 
 def _spawn_host(
@@ -73,7 +99,22 @@ def _spawn_host(
         str(seed),
         *rids,
     ]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Files, not pipes: nobody reads a host's output until it has finished, and a
+    # full pipe would stall the host mid-lease.
+    log: Any = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by _finish)
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.stdout = log  # read back by `_finish` once the host has exited
+    return proc
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
+    """Wait for a host; return what it wrote (JSON lines, then any error text)."""
+    proc.wait(timeout)
+    log: Any = proc.stdout
+    log.seek(0)
+    text: str = log.read()
+    log.close()
+    return text
 
 
 def _live_holder(store: PostgresStore, rids: list[str], hosts: list[str]) -> tuple[str, str] | None:
@@ -82,6 +123,43 @@ def _live_holder(store: PostgresStore, rids: list[str], hosts: list[str]) -> tup
         if state.id in rids and state.lease.held and owner is not None and owner.id in hosts:
             return owner.id, state.id
     return None
+
+
+class _Progress:
+    """A "time left" line, rewritten in place on a terminal, at most once a second."""
+
+    def __init__(self, out: Any, ends_at: float) -> None:
+        self.out = out
+        self.ends_at = ends_at
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.last = 0.0
+        self.shown = False
+
+    def tick(self, running: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 1.0:
+            return
+        self.last = now
+        left = max(0.0, self.ends_at - now)
+        line = f"progress: {left:4.0f}s left, {running} host processes running"
+        end = "" if self.tty else "\n"
+        print(("\r" if self.tty else "") + line, end=end, file=self.out, flush=True)
+        self.shown = True
+
+    def say(self, message: str) -> None:
+        self.done()
+        print(message, file=self.out, flush=True)
+
+    def done(self) -> None:
+        if self.tty and self.shown:
+            print(file=self.out, flush=True)  # end the line rewritten in place
+        self.shown = False
+
+
+def _on_embedded(dsn: str) -> bool:
+    from ..embedded import running_dsn
+
+    return dsn == running_dsn()
 
 
 def run_demo(
@@ -95,8 +173,10 @@ def run_demo(
     out: Any = sys.stdout,
 ) -> DemoReport:
     """Start `hosts` processes contending for `resources` leases; SIGKILL one midway."""
+    check_demo_args(hosts, resources, seconds, ttl)
     _reset_schema(dsn, schema)
-    report = DemoReport(hosts=hosts, seconds=seconds, ttl=ttl)
+    report = DemoReport(hosts=hosts, seconds=seconds, ttl=ttl, schema=schema)
+    report.embedded = _on_embedded(dsn)
     with PostgresStore(dsn, schema=schema, max_size=2) as store:
         with store.connection() as conn:
             conn.execute(
@@ -110,7 +190,8 @@ def run_demo(
         report.labels = {rid: f"controller/demo-{i}" for i, rid in enumerate(rids)}
         names = [f"h{i}" for i in range(hosts)]
         print(
-            f"fleet: {hosts} host processes, {resources} resources, ttl {ttl}s, {seconds}s",
+            f"fleet: {hosts} host processes, {resources} resources, ttl {ttl:g}s,"
+            f" {seconds:g}s; writing schema {schema} (recreated on every run)",
             file=out,
             flush=True,
         )
@@ -118,30 +199,41 @@ def run_demo(
             name: _spawn_host(dsn, schema, name, i, rids, seconds, ttl)
             for i, name in enumerate(names)
         }
-        kill_at = time.monotonic() + seconds / 2
+        started = time.monotonic()
+        kill_at = started + seconds / 2
         victim: tuple[str, str] | None = None
-        while victim is None and time.monotonic() < kill_at + seconds / 4:
+        progress = _Progress(out, started + seconds)
+        while any(proc.poll() is None for proc in procs.values()):
+            if time.monotonic() > started + seconds + 60:
+                break  # a host that hangs is reported below, not waited for forever
             time.sleep(0.02)
-            if time.monotonic() >= kill_at:
+            now = time.monotonic()
+            if victim is None and kill_at <= now < kill_at + seconds / 4:
                 victim = _live_holder(store, rids, names)
+                if victim is not None:
+                    report.killed_host, report.killed_resource = victim
+                    held = store.get(victim[1])
+                    os.kill(procs[victim[0]].pid, signal.SIGKILL)
+                    progress.say(
+                        f"SIGKILL host {victim[0]} while it held {report.labels[victim[1]]} "
+                        f"(generation {held.lease.generation})"
+                    )
+            progress.tick(sum(proc.poll() is None for proc in procs.values()))
+        progress.done()
         if victim is None:
             report.violations.append("no host held a lease midway; nothing was killed")
-        else:
-            report.killed_host, report.killed_resource = victim
-            held = store.get(victim[1])
-            os.kill(procs[victim[0]].pid, signal.SIGKILL)
-            print(
-                f"SIGKILL host {victim[0]} while it held {report.labels[victim[1]]} "
-                f"(generation {held.lease.generation})",
-                file=out,
-                flush=True,
-            )
         outputs: dict[str, str] = {}
         for name, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=seconds + 60)
-            outputs[name] = stdout
+            try:
+                text = _finish(proc, timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                text = _finish(proc, timeout=30)
+                report.violations.append(f"host {name} did not finish in time")
+            lines = text.splitlines()
+            outputs[name] = "\n".join(line for line in lines if line.startswith("{"))
             if proc.returncode not in (0, -signal.SIGKILL):
-                report.violations.append(f"host {name} failed: {stderr.strip()[-500:]}")
+                report.violations.append(f"host {name} failed: {text.strip()[-500:]}")
         for name, text in outputs.items():
             for line in text.splitlines():
                 item = json.loads(line)
@@ -186,7 +278,29 @@ def _takeover_ms(events: list[Event], victim: str) -> float | None:
     return None
 
 
+#: One line saying what the table's columns count.
+LEGEND = (
+    "legend: claims = leases won; takeovers = claims of a lease its holder never released"
+    " (killed or stalled); final gen = last generation (the fencing token); fenced = late"
+    " writes the database refused; check = the event log replayed against the invariants"
+)
+
+
+def next_steps(report: DemoReport) -> list[str]:
+    """What to try after the demo: inspect what it wrote, then lead an election."""
+    steps = [
+        f"  pglease --schema {report.schema} ls"
+        "                        the demo's resources: holder, generation, revision",
+        f"  pglease --schema {report.schema} events controller demo-0"
+        "   one resource's history: claims, takeovers, fenced writes",
+        "  pglease elect scheduler --owner host:$(hostname) --ttl 10"
+        "   lead an election until Ctrl-C",
+    ]
+    return steps
+
+
 def print_report(report: DemoReport, out: Any = sys.stdout) -> None:
+    print(LEGEND, file=out)
     header = (
         f"{'resource':<20} {'claims':>6} {'takeovers':>9} {'final gen':>9} {'fenced':>6}  check"
     )
@@ -216,6 +330,15 @@ def print_report(report: DemoReport, out: Any = sys.stdout) -> None:
         ),
         file=out,
     )
+    print(f"the demo's records stay in schema {report.schema}; what to try next:", file=out)
+    for step in next_steps(report):
+        print(step, file=out)
+    if report.embedded:
+        print(
+            "the embedded PostgreSQL is still running (later commands reuse it);"
+            " stop it with `pglease embedded stop`",
+            file=out,
+        )
 
 
 def report_json(report: DemoReport) -> dict[str, Any]:
@@ -225,6 +348,9 @@ def report_json(report: DemoReport) -> dict[str, Any]:
         "killed_resource": report.killed_resource,
         "takeover_ms": report.takeover_ms,
         "violations": report.violations,
+        "schema": report.schema,
+        "inspect": f"pglease --schema {report.schema} ls",
+        "embedded_running": report.embedded,
         "resources": [
             {
                 "resource": h.resource_id,

@@ -1,0 +1,127 @@
+"""`pglease elect`, `leader` and `resign` as real OS processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from typing import IO
+
+import pglease.cli
+
+from .test_cli import ROOT
+
+#: The CLI as a process. Until pglease/cli.py registers these commands, the
+#: same `main` runs with them added, so the tests exercise them either way.
+_SHIM = (
+    "import sys, pglease.cli as c, pglease.fleet.cli as f;"
+    " from pglease import embedded_cli; from pglease.fleet import elect_cli;"
+    " r = f.register;"
+    " f.register = lambda s: (r(s), elect_cli.register(s), embedded_cli.register(s));"
+    " sys.exit(c.main())"
+)
+PGLEASE = (
+    [sys.executable, "-m", "pglease"]
+    if hasattr(pglease.cli, "elect_cli")
+    else [sys.executable, "-c", _SHIM]
+)
+DEADLINE = 60.0
+
+
+def pglease_run(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PGLEASE, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def _elect(dsn: str, schema: str, owner: str, *command: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*PGLEASE, "--dsn", dsn, "--schema", schema, "--json", "elect", "sched",
+         "--owner", owner, "--ttl", "6", *command],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _line(stream: IO[str] | None) -> str:
+    assert stream is not None
+    return stream.readline()  # bounded by the communicate() timeouts after it
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+
+
+def test_elect_prints_leadership_and_resigns_on_sigterm(pg_dsn: str, schema: str) -> None:
+    first = _elect(pg_dsn, schema, "host:a")
+    second: subprocess.Popen[str] | None = None
+    try:
+        elected = json.loads(_line(first.stdout))
+        assert elected == {"event": "elected", "name": "sched", "leader": "host:a", "generation": 1}
+        shown = pglease_run("--dsn", pg_dsn, "--schema", schema, "--json", "leader", "sched")
+        assert shown.returncode == 0, shown.stderr
+        view = json.loads(shown.stdout)
+        assert (view["leader"], view["generation"]) == ("host:a", 1)
+        text = pglease_run("--dsn", pg_dsn, "--schema", schema, "leader", "sched").stdout
+        assert "leader host:a, generation 1" in text
+
+        second = _elect(pg_dsn, schema, "host:b")
+        # The second candidate waits: host:a stays leader while it campaigns.
+        time.sleep(1)
+        assert second.poll() is None
+        again = pglease_run("--dsn", pg_dsn, "--schema", schema, "--json", "leader", "sched")
+        assert json.loads(again.stdout)["leader"] == "host:a"
+
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=DEADLINE)
+        assert first.returncode == 0, err
+        assert json.loads(out.splitlines()[-1])["event"] == "resigned"
+        # Resigning released the lease: host:b is elected without waiting for the ttl.
+        took = json.loads(_line(second.stdout))
+        assert (took["leader"], took["generation"]) == ("host:b", 2)
+        second.send_signal(signal.SIGINT)
+        second.communicate(timeout=DEADLINE)
+        assert second.returncode == 0
+    finally:
+        _stop(first)
+        if second is not None:
+            _stop(second)
+    none = pglease_run("--dsn", pg_dsn, "--schema", schema, "leader", "sched")
+    assert none.returncode == 3
+    assert "no leader" in none.stdout
+
+
+def test_elect_runs_command_and_stops_it_when_resigned(pg_dsn: str, schema: str) -> None:
+    script = (
+        "import os, time; print('up', os.environ['PGLEASE_FENCE'], flush=True); time.sleep(120)"
+    )
+    proc = _elect(pg_dsn, schema, "host:a", "--", sys.executable, "-c", script)
+    try:
+        assert _line(proc.stdout).split() == ["up", "1"]
+        resigned = pglease_run("--dsn", pg_dsn, "--schema", schema, "--json", "resign", "sched")
+        assert resigned.returncode == 0, resigned.stderr
+        assert json.loads(resigned.stdout)["fenced"] == "host:a"
+        _, err = proc.communicate(timeout=DEADLINE)
+        assert proc.returncode == 75, err
+        assert "lost" in err
+    finally:
+        _stop(proc)
+    nothing = pglease_run("--dsn", pg_dsn, "--schema", schema, "resign", "sched")
+    assert nothing.returncode == 0 and "nothing to resign" in nothing.stdout
+
+
+def test_elect_command_exit_codes(pg_dsn: str, schema: str) -> None:
+    base = ["--dsn", pg_dsn, "--schema", schema, "elect", "sched", "--owner", "host:a"]
+    done = pglease_run(*base, "--ttl", "5s", "--", sys.executable, "-c", "raise SystemExit(7)")
+    assert done.returncode == 7, done.stderr
+    missing = pglease_run(*base, "--ttl", "5", "--", "/nonexistent/command")
+    assert missing.returncode == 127 and "not found" in missing.stderr
+    bad = pglease_run(*base, "--ttl", "-1")
+    assert bad.returncode == 2
+    unknown = pglease_run("--dsn", pg_dsn, "--schema", schema, "leader", "nobody")
+    assert unknown.returncode == 3

@@ -1,0 +1,58 @@
+"""`pglease embedded status|stop` on a private data directory (never the test server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .test_cli_elect import pglease_run
+
+
+@pytest.fixture
+def private_env() -> Iterator[dict[str, str]]:
+    """An environment whose embedded default is a fresh data dir, with no other DSN."""
+    base = Path(tempfile.mkdtemp(prefix="pglease-embcli-"))
+    os.chmod(base, 0o755)  # as root the server runs as embedded_postgres and must get in
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "PGLEASE_"))}
+    env["PGLEASE_EMBEDDED_DIR"] = str(base / "data")
+    try:
+        yield env
+    finally:
+        pglease_run("embedded", "stop", env=env)  # whatever the test left running
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_status_and_stop_of_a_private_server(private_env: dict[str, str]) -> None:
+    data_dir = private_env["PGLEASE_EMBEDDED_DIR"]
+    before = pglease_run("embedded", "status", env=private_env)
+    assert before.returncode == 3 and "not running" in before.stdout
+    assert not Path(data_dir, "PG_VERSION").exists()  # status never starts it
+
+    claimed = pglease_run(
+        "--json", "claim", "run", "r1", "--owner", "host:a", "--ttl", "30", env=private_env,
+        timeout=120,
+    )  # fmt: skip
+    assert claimed.returncode == 0, claimed.stderr
+    assert json.loads(claimed.stdout)["dsn_source"] == "embedded"
+
+    status = pglease_run("--json", "embedded", "status", env=private_env)
+    assert status.returncode == 0, status.stderr
+    view = json.loads(status.stdout)
+    assert view["running"] and view["data_dir"] == str(Path(data_dir).resolve())
+    assert view["pid"] > 0 and view["version"] and view["size_bytes"] > 0
+    text = pglease_run("embedded", "status", env=private_env).stdout
+    assert "running" in text and "pglease embedded stop" in text
+
+    stopped = pglease_run("embedded", "stop", env=private_env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped" in stopped.stdout
+    again = pglease_run("embedded", "stop", env=private_env)
+    assert again.returncode == 0 and "not running" in again.stdout
+    after = pglease_run("--json", "embedded", "status", env=private_env)
+    assert after.returncode == 3 and json.loads(after.stdout)["running"] is False
