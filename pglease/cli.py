@@ -19,7 +19,7 @@ import psycopg
 import psycopg.errors
 from psycopg import sql
 
-from . import __version__, doctor
+from . import __version__, doctor, embedded_cli
 from .cli_support import (
     EXIT_ERROR,
     EXIT_HELD,
@@ -48,6 +48,7 @@ from .errors import (
     ValidationError,
 )
 from .fleet import cli as fleet_cli
+from .fleet import elect_cli
 from .ids import resource_id
 from .listing import Listed, fetch_resource, iter_resources
 from .payloads import RawPayload
@@ -630,6 +631,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--version", action="version", version=f"pglease {__version__}")
     parser.add_argument(
+        "--pooler",
+        action="store_true",
+        default=os.environ.get("PGLEASE_POOLER", "") == "transaction",
+        help="the DSN goes through a transaction-pooling PgBouncer (no prepared statements,"
+        " no session state, watchers poll); also $PGLEASE_POOLER=transaction",
+    )
+    parser.add_argument(
         "--no-migrate",
         action="store_true",
         help="never apply migrations implicitly (read-only commands never do)",
@@ -722,6 +730,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=duration_arg("ttl", check_ttl), default=1.0, metavar="DURATION")
     p.set_defaults(func=cmd_demo)
     fleet_cli.register(sub)
+    elect_cli.register(sub)
+    embedded_cli.register(sub)
     watch_cli.register(sub)
     sessions_cli.register(sub)
     doctor.register(sub)
@@ -752,7 +762,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if hasattr(args, "token_file"):
             args.token = read_token(args.token, args.token_file)
-        resolve_connection(args)
+        if getattr(args, "connects", True):  # `embedded status` must not start a server
+            resolve_connection(args)
         code: int = args.func(args)
         sys.stdout.flush()  # inside the try: a closed pipe must fail here, not at exit
     except (LeaseLostError, StaleResourceError) as exc:

@@ -72,7 +72,14 @@ def open_store(args: argparse.Namespace, *, read_only: bool = False) -> Postgres
     # Without migrating, the store checks the migration state itself and
     # raises MigrationError (naming the command to run) for a schema that
     # is missing or behind.
-    return PostgresStore(args.dsn, schema=args.schema, min_size=1, max_size=2, auto_migrate=migrate)
+    return PostgresStore(
+        args.dsn,
+        schema=args.schema,
+        min_size=1,
+        max_size=2,
+        auto_migrate=migrate,
+        pooler=getattr(args, "pooler", False),
+    )
 
 
 @contextlib.contextmanager

@@ -18,10 +18,6 @@ from .embedded import EmbeddedStatus, embedded_status, stop_embedded
 
 #: `status` when the server is not running.
 EXIT_NOT_RUNNING = 3
-#: The global --dsn is not used here, but `main` resolves a DSN before every
-#: command, and with nothing configured that would start the embedded server
-#: (the very thing `status` must not do). A DSN that needs no server stands in.
-_NO_SERVER_DSN = "host=/nonexistent/pglease-embedded-cli"
 
 
 def register(subparsers: Any) -> None:
@@ -40,7 +36,8 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help="stop: wait this long for the server to shut down (default 60)",
     )
-    p.set_defaults(func=cmd_embedded, dsn=_NO_SERVER_DSN)
+    # connects=False: main resolves no DSN (that could start the server `status` reports on).
+    p.set_defaults(func=cmd_embedded, connects=False)
 
 
 def _view(status: EmbeddedStatus) -> dict[str, object]:

@@ -326,3 +326,43 @@ def test_refused_startup_parameter_names_the_switch(bouncer_dsn: str, schema: st
     options = "options=-c%20work_mem%3D8MB"
     with pytest.raises(PoolerModeError, match="pooler=True"):
         PostgresStore(f"{bouncer_dsn}?{options}", schema=f"{schema}_{uuid.uuid4().hex[:4]}")
+
+
+def test_the_cli_through_the_pooler(store: PostgresStore, bouncer_dsn: str, schema: str) -> None:
+    """claim, ls, events, hold and watch --poll through PgBouncer with --pooler."""
+    import json
+    import subprocess
+    import sys
+
+    def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pglease", "--pooler", "--dsn", bouncer_dsn,
+             "--schema", schema, *args],
+            capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+
+    claimed = cli("--json", "claim", "job", "cli", "--owner", "host:a", "--ttl", "30")
+    assert claimed.returncode == 0, claimed.stderr
+    assert json.loads(claimed.stdout)["generation"] == 1
+    listed = cli("ls")
+    assert listed.returncode == 0 and "host:a" in listed.stdout, listed.stderr
+    held = cli("hold", "job", "held", "--owner", "host:b", "--ttl", "6", "--", sys.executable,
+               "-c", "print('ran')")  # fmt: skip
+    assert held.returncode == 0, held.stderr
+    assert "ran" in held.stdout
+    events = cli("--json", "events", "job", "held")
+    assert events.returncode == 0, events.stderr
+    types = [json.loads(line)["type"] for line in events.stdout.splitlines()]
+    assert types == ["lease.claimed", "lease.released"]
+    watched = subprocess.Popen(
+        [sys.executable, "-m", "pglease", "--pooler", "--dsn", bouncer_dsn, "--schema", schema,
+         "--json", "watch", "--poll", "--after", "start"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert watched.stdout is not None
+        first = json.loads(watched.stdout.readline())
+        assert first["type"] == "lease.claimed"
+    finally:
+        watched.terminate()
+        watched.wait(timeout=30)

@@ -142,7 +142,7 @@ def _watch(args: argparse.Namespace) -> int:
         with open_store(args, read_only=True) as store:
             watcher = Watcher(
                 store, after=args.after, types=args.types, resources=args.resources,
-                event_types=args.event_types, mode="poll" if args.poll else "listen",
+                event_types=args.event_types, mode="poll" if args.poll else None,
             )  # fmt: skip
             count = 0
             try:
