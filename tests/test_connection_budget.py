@@ -3,9 +3,10 @@
 A private PostgreSQL 15 server with few slots (``max_connections = 14``,
 ``superuser_reserved_connections = 3``: 11 for the client role). Eight real OS
 processes each open a ``PostgresStore(min_size=1, max_size=2)`` and `hold`
-three ttl-6 leases (no watcher: ``timeout=0``). Each needs two connections at
-rest (the pool's one, the keeper's one) and briefly one more at start (the
-store's migration check), so at most five fit and at least three cannot.
+three ttl-6 leases (no watcher: ``timeout=0``). Each needs two connections
+(the pool's one, the keeper's one; the store's first, checking connection is
+closed before the pool opens, and one thread never grows the pool), so at most
+five fit and at least three cannot. The test counts them on the server.
 
 Every process must either fail at start with a clear `PgleaseError`, exit
 non-zero and claim nothing, or keep all its leases for the whole run (two
@@ -216,6 +217,13 @@ def test_processes_beyond_the_budget_fail_at_start_and_the_rest_keep_their_lease
             assert len(leases) == LEASES
             for key, generation in leases.items():
                 assert on_server[key] == (generation, name, True), (key, on_server.get(key))
+        # The measured budget: pool min_size (1) + keeper (1) per host.
+        backends = small_server.query(
+            "SELECT application_name LIKE 'pglease-keeper-%%', count(*) FROM pg_stat_activity"
+            " WHERE usename = %s GROUP BY 1",
+            [conninfo.conninfo_to_dict(dsn)["user"]],
+        )
+        assert dict(backends) == {True: len(held), False: len(held)}, backends
         expired = small_server.query(
             f"SELECT count(*) FROM {schema}.events WHERE type = 'lease.expired'"
         )
