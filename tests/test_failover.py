@@ -211,10 +211,11 @@ def test_synchronous_failover_keeps_every_acknowledged_claim(sync_cluster: Clust
 
     # The watcher's stream is the new primary's log: nothing lost, nothing twice.
     assert [(e.resource_id, e.revision) for e in delivered] == [(r, v) for r, v, _, _ in log]
+    # The load ran across the crash: 40 claims before it, 40 more on the new
+    # primary (waited for above). Whether a call happened to be in flight at
+    # the crash is timing (the store retries what certainly did not run), so
+    # the errors the callers saw are not asserted on.
     assert len(load.claims) >= 80
-    # The crash hit calls in flight or during the outage (not acknowledged).
-    outage = ("DatabaseUnavailableError", "CommitOutcomeUnknownError", "PoolExhaustedError")
-    assert any(load.errors.get(name) for name in outage), load.errors
 
 
 def _write_round(store: PostgresStore, rids: list[str], owner: Owner) -> None:
