@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -53,6 +54,42 @@ session.close()
 """
 
 
+def _stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def _file_locked(path: Path) -> bool:
+    probe = sqlite3.connect(path, timeout=0.2, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        probe.close()
+
+
+def freeze_between_transactions(pid: int, path: Path) -> None:
+    """SIGSTOP `pid` at an instant it holds no lock on the file.
+
+    A process frozen inside its renewal transaction keeps the SQLite file
+    locked (the successor then gets SessionFileBusyError, rightly); the test
+    is about a holder frozen between renewals, so freeze it again until it is.
+    """
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        os.kill(pid, signal.SIGSTOP)
+        while not _stopped(pid):
+            time.sleep(0.001)
+        if not _file_locked(path):
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError("the holder never let go of the file's write lock")
+
+
 def test_second_process_takes_over_after_expiry(tmp_path: Path) -> None:
     repo = SessionRepository(tmp_path, lease_seconds=5.0, renew_interval=1.0)
     repo.create("shared").close()
@@ -67,7 +104,7 @@ def test_second_process_takes_over_after_expiry(tmp_path: Path) -> None:
         with pytest.raises(SessionAlreadyClaimedError, match=f"already claimed by writer {owner}"):
             repo.open("shared")
         # freeze the holder (a GC pause, a stopped VM): its lease runs out
-        os.kill(holder.pid, signal.SIGSTOP)
+        freeze_between_transactions(holder.pid, tmp_path / "shared.sqlite")
         try:
             time.sleep(1.3)
             successor = repo.open("shared")
