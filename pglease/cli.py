@@ -589,7 +589,9 @@ def _lease_args(parser: argparse.ArgumentParser, *, ttl: bool, token: bool) -> N
         # Not required here: the token may come from --token-file or $PGLEASE_TOKEN.
         source = parser.add_mutually_exclusive_group()
         source.add_argument(
-            "--token", help="the token printed by claim (visible to `ps`: prefer --token-file)"
+            "--token",
+            help="the token printed by claim (visible to `ps`: prefer --token-file);"
+            " write --token=VALUE for an older token that starts with -",
         )
         source.add_argument(
             "--token-file",

@@ -17,8 +17,15 @@ def resource_id(resource_type: str, key: str) -> str:
 
 
 def new_token() -> str:
-    """A fresh 256-bit secret; only its sha256 ever reaches the database."""
-    return secrets.token_urlsafe(32)
+    """A fresh 256-bit secret; only its sha256 ever reaches the database.
+
+    Never starts with `-`: one token in 64 would, and a command line then
+    reads `--token -abc...` as a flag rather than a value.
+    """
+    while True:
+        token = secrets.token_urlsafe(32)
+        if not token.startswith("-"):
+            return token
 
 
 def token_hash(token: str) -> bytes:
