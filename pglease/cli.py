@@ -35,6 +35,7 @@ from .cli_support import (
     print_json,
     read_token,
     resolve_connection,
+    sigterm_as_interrupt,
     to_jsonable,
 )
 from .dsn import redact_dsn, redact_text
@@ -573,6 +574,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from . import top
+
+    # SIGTERM ends the view as Ctrl-C and q do: the terminal is restored first.
+    with (
+        sigterm_as_interrupt(),
+        contextlib.suppress(KeyboardInterrupt),
+        open_store(args, read_only=True) as store,
+    ):
+        top.run(store, resource_type=args.type, once=args.once, fps=args.fps)
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell), end="")
+    return EXIT_OK
+
+
+def _fps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.1 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"must be between 0.1 and 10, got {text}")
+    return value
+
+
+def _register_top_and_completion(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    p = sub.add_parser(
+        "top",
+        help="live view: leases by expiry with holder, generation and time left; event rate,"
+        " recent events, watcher lag (q quits)",
+        description="A live terminal view of the held leases, sorted by expiry, refreshed from"
+        " a watcher. Time left is judged by the database clock. q or Ctrl-C quits.",
+    )
+    p.add_argument("--type", help="only resources of this type")
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--fps", type=_fps, default=4.0, help="frames per second at most (default 4)")
+    p.set_defaults(func=cmd_top)
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script (bash or zsh)",
+        description='Print the completion script for SHELL. bash: eval "$(pglease completion'
+        ' bash)" in ~/.bashrc; zsh: pglease completion zsh > a directory on $fpath, as _pglease.',
+    )
+    p.add_argument("shell", choices=["bash", "zsh"])
+    # connects=False: printing a script must not resolve a DSN or start a server.
+    p.set_defaults(func=cmd_completion, connects=False)
+
+
 def _lease_args(parser: argparse.ArgumentParser, *, ttl: bool, token: bool) -> None:
     parser.add_argument("type", help="resource type, e.g. run")
     parser.add_argument("key", help="resource key")
@@ -737,6 +793,7 @@ def build_parser() -> argparse.ArgumentParser:
     watch_cli.register(sub)
     sessions_cli.register(sub)
     doctor.register(sub)
+    _register_top_and_completion(sub)
     for command in sub.choices.values():
         # Accept --json after the subcommand too: `pglease ls --json`.
         command.add_argument(
