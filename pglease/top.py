@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import logging
 import os
 import select
 import sys
@@ -136,6 +137,8 @@ class TopModel:
         self.health: WatchHealth | None = None
         #: The last failed re-read, shown until one succeeds.
         self.read_error: str | None = None
+        #: The last warning logged while the view runs (it would garble the screen).
+        self.warning: str | None = None
         self.events_seen = 0
         self._started = clock.monotonic()
         # (whole second of clock.monotonic(), events that arrived in it): bounded
@@ -293,16 +296,22 @@ class TopModel:
 
     def _status(self) -> Text | None:
         health = self.health
+        line: str | None = None
+        style = "red"
         if health is not None and not health.healthy:
             since = health.failing_since.isoformat() if health.failing_since else "-"
-            return Text(
-                f"watcher failing since {since}: {health.last_error or 'no detail'}"
-                " (retrying; nothing is lost)",
-                style="bold red",
+            line = (
+                f"watcher failing since {since} (retrying; nothing is lost):"
+                f" {health.last_error or 'no detail'}"
             )
-        if self.read_error is not None:
-            return Text(f"re-read failed: {self.read_error}", style="red")
-        return None
+            style = "bold red"
+        elif self.read_error is not None:
+            line = f"re-read failed: {self.read_error}"
+        elif self.warning is not None:
+            line, style = f"warning: {self.warning}", "yellow"
+        if line is None:
+            return None
+        return Text(" ".join(line.split()), style=style, no_wrap=True, overflow="ellipsis")
 
     def _bar(self, left: float | None, ttl: float | None) -> Text:
         if left is None or not ttl:
@@ -415,6 +424,32 @@ def load_leases(store: PostgresStore, model: TopModel, resource_type: str | None
         raise driver_error(exc, dsn=store.dsn) from exc
 
 
+class _WarningsToModel(logging.Handler):
+    """Log records (the watcher's retries, the pool's reconnects) go to the
+    status line while the view owns the screen; on stderr they would garble it."""
+
+    def __init__(self, model: TopModel) -> None:
+        super().__init__(logging.WARNING)
+        self.model = model
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):
+            self.model.warning = f"{record.name}: {record.getMessage()}"
+
+
+@contextlib.contextmanager
+def _warnings_to(model: TopModel) -> Iterator[None]:
+    root = logging.getLogger()
+    handler = _WarningsToModel(model)
+    # With a handler on the root logger, logging's last-resort stderr handler
+    # stays quiet; the records an application's own handlers get are unchanged.
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+
+
 class _Keys:
     """Single key presses from a terminal stdin (cbreak mode: Ctrl-C still
     interrupts); nothing at all when stdin is not a terminal."""
@@ -478,6 +513,7 @@ def run(
         load_leases(store, model, resource_type)
         period = 1.0 / fps
         with (
+            _warnings_to(model),
             _Keys() as keys,
             Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live,
         ):

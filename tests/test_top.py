@@ -24,6 +24,7 @@ from pglease import Event, Owner, PostgresStore
 from pglease.clock import FakeClock
 from pglease.fleet._sql import heartbeat_args
 from pglease.listing import iter_resources
+from pglease.migrations import grant
 from pglease.top import FREED_LINGER, RECHECK_INTERVAL, TopModel
 from pglease.watch import Watcher
 
@@ -297,8 +298,17 @@ def test_a_role_without_grants_gets_a_permission_error(
         assert out.returncode == 1, out
         assert out.stderr.startswith("pglease: error:") and "permission denied" in out.stderr
         assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+        # A reader may watch and read: that is all top needs.
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            grant(conn, schema, name, "reader")
+        rid = pg_store.ensure_resource("run", "seen")
+        assert pg_store.claim(rid, A, 60) is not None
+        out = cli(conninfo.make_conninfo(pg_dsn, user=name), schema, "top", "--once")
+        assert out.returncode == 0, out.stderr
+        assert lease_lines(out.stdout)[0].split()[:3] == ["run/seen", "host:a", "1"]
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {name}")
             conn.execute(f"DROP ROLE {name}")
 
 
@@ -352,10 +362,11 @@ def start_top(tmux: Tmux, pg_dsn: str, schema: str, *extra: str) -> None:
     command = shlex.join(
         [sys.executable, "-m", "pglease", "--dsn", pg_dsn, "--schema", schema, "top", *extra]
     )
-    # The exit status is printed on the pane once the view has left its screen.
+    # The exit status is printed on the pane once the view has left its screen;
+    # the trap keeps the shell alive through a Ctrl-C meant for the view.
     tmux(
         "new-session", "-d", "-s", "top", "-x", "160", "-y", "40",
-        f'{command}; echo "exit=$?"; sleep 600',
+        f'trap : INT; {command}; echo "exit=$?"; sleep 600',
     )  # fmt: skip
     tmux.wait_for("the header", lambda s: "pglease top" in s and "q quits" in s)
 
@@ -403,6 +414,19 @@ def test_top_in_a_terminal_follows_claims_and_releases(
     tmux("send-keys", "-t", "top", "q")
     screen = tmux.wait_for("the exit status after q", lambda s: "exit=" in s)
     assert "exit=0" in screen and "Traceback" not in screen
+
+
+def test_ctrl_c_leaves_the_view_cleanly(
+    tmux: Tmux, pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    rid = pg_store.ensure_resource("run", "kept")
+    assert pg_store.claim(rid, A, 60) is not None
+    start_top(tmux, pg_dsn, schema, "--type", "run", "--fps", "2")
+    tmux.wait_for("run/kept", lambda s: (row_of(s, "run/kept") or [])[1:3] == ["host:a", "1"])
+    tmux("send-keys", "-t", "top", "C-c")
+    screen = tmux.wait_for("the exit status after Ctrl-C", lambda s: "exit=" in s)
+    assert "exit=0" in screen and "Traceback" not in screen
+    assert "run/kept" not in screen  # the view's screen is gone: the terminal is restored
 
 
 def test_top_in_a_terminal_ends_with_one_error_line(
