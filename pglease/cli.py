@@ -577,6 +577,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_top(args: argparse.Namespace) -> int:
     from . import top
 
+    if getattr(args, "json", False):
+        return fail(
+            "top draws a terminal view and has no JSON output (for a listing: pglease --json ls"
+            " --held)",
+            EXIT_USAGE,
+        )
+    if not args.once and not sys.stdout.isatty():
+        return fail("top draws on a terminal and stdout is not one: --once prints one frame")
     # SIGTERM ends the view as Ctrl-C and q do: the terminal is restored first.
     with (
         sigterm_as_interrupt(),

@@ -263,23 +263,27 @@ def test_once_prints_one_frame(pg_store: PostgresStore, pg_dsn: str, schema: str
 
 def test_errors_are_one_line_and_reading_never_migrates(pg_dsn: str) -> None:
     missing = f"t_missing_{uuid.uuid4().hex[:8]}"
-    for args in (["top", "--once"], ["top"]):
-        out = cli(pg_dsn, missing, *args)
-        assert out.returncode == 1
-        assert out.stderr.startswith("pglease: error:") and missing in out.stderr
-        assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+    out = cli(pg_dsn, missing, "top", "--once")
+    assert out.returncode == 1
+    assert out.stderr.startswith("pglease: error:") and missing in out.stderr
+    assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
     with psycopg.connect(pg_dsn) as conn:
         assert (
             conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", [missing]).fetchone()
             is None
         )
     gone = "postgresql://nobody:secret@127.0.0.1:9/none?connect_timeout=5"
-    out = cli(gone, "pglease", "top")
+    out = cli(gone, "pglease", "top", "--once")
     assert out.returncode == 1
     assert out.stderr.startswith("pglease: error:") and "127.0.0.1" in out.stderr
     assert len(out.stderr.splitlines()) == 1 and "secret" not in out.stderr
     out = cli(pg_dsn, missing, "top", "--fps", "0")
     assert out.returncode == 2 and "--fps" in out.stderr
+    # Usage before anything connects: no terminal for the live view, or --json.
+    out = cli(gone, "pglease", "top")
+    assert out.returncode == 1 and "stdout is not one: --once" in out.stderr
+    out = cli(gone, "pglease", "top", "--once", "--json")
+    assert out.returncode == 2 and "no JSON output" in out.stderr
 
 
 def test_a_role_without_grants_gets_a_permission_error(
