@@ -584,7 +584,9 @@ def cmd_top(args: argparse.Namespace) -> int:
             EXIT_USAGE,
         )
     if not args.once and not sys.stdout.isatty():
-        return fail("top draws on a terminal and stdout is not one: --once prints one frame")
+        return fail(
+            "top draws on a terminal and stdout is not one: --once prints one frame", EXIT_USAGE
+        )
     # SIGTERM ends the view as Ctrl-C and q do: the terminal is restored first.
     with (
         sigterm_as_interrupt(),

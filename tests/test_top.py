@@ -281,7 +281,7 @@ def test_errors_are_one_line_and_reading_never_migrates(pg_dsn: str) -> None:
     assert out.returncode == 2 and "--fps" in out.stderr
     # Usage before anything connects: no terminal for the live view, or --json.
     out = cli(gone, "pglease", "top")
-    assert out.returncode == 1 and "stdout is not one: --once" in out.stderr
+    assert out.returncode == 2 and "stdout is not one: --once" in out.stderr
     out = cli(gone, "pglease", "top", "--once", "--json")
     assert out.returncode == 2 and "no JSON output" in out.stderr
 
