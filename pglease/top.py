@@ -55,6 +55,8 @@ RATE_WINDOW = 10.0
 RECENT_EVENTS = 8
 #: A lease past its known expiry is re-read at most this often (seconds).
 RECHECK_INTERVAL = 1.0
+#: Seconds a logged warning stays in the status line.
+WARNING_SHOWN = 30.0
 #: Width of the time-left bar, in characters.
 BAR_WIDTH = 20
 #: Frames per second at most.
@@ -137,8 +139,10 @@ class TopModel:
         self.health: WatchHealth | None = None
         #: The last failed re-read, shown until one succeeds.
         self.read_error: str | None = None
-        #: The last warning logged while the view runs (it would garble the screen).
+        #: The last warning logged while the view runs (on stderr it would garble
+        #: the screen), and its clock.time(); shown for WARNING_SHOWN seconds.
         self.warning: str | None = None
+        self.warning_at = 0.0
         self.events_seen = 0
         self._started = clock.monotonic()
         # (whole second of clock.monotonic(), events that arrived in it): bounded
@@ -220,6 +224,10 @@ class TopModel:
             self.rows[event.resource_id] = row
         elif known is not None:
             known.revision = event.revision  # a mutation: the lease is unchanged
+
+    def warn(self, message: str) -> None:
+        """Show `message` in the status line for WARNING_SHOWN seconds."""
+        self.warning, self.warning_at = message, self.clock.time()
 
     def set_health(self, health: WatchHealth) -> None:
         """The watcher's latest `health` snapshot."""
@@ -307,8 +315,9 @@ class TopModel:
             style = "bold red"
         elif self.read_error is not None:
             line = f"re-read failed: {self.read_error}"
-        elif self.warning is not None:
-            line, style = f"warning: {self.warning}", "yellow"
+        elif self.warning is not None and self.clock.time() - self.warning_at < WARNING_SHOWN:
+            at = datetime.fromtimestamp(self.warning_at).strftime("%H:%M:%S")
+            line, style = f"warning at {at}: {self.warning}", "yellow"
         if line is None:
             return None
         return Text(" ".join(line.split()), style=style, no_wrap=True, overflow="ellipsis")
@@ -433,8 +442,10 @@ class _WarningsToModel(logging.Handler):
         self.model = model
 
     def emit(self, record: logging.LogRecord) -> None:
-        with contextlib.suppress(Exception):
-            self.model.warning = f"{record.name}: {record.getMessage()}"
+        try:
+            self.model.warn(f"{record.name}: {record.getMessage()}")
+        except Exception:
+            self.handleError(record)  # logging's own way: never raise into the caller
 
 
 @contextlib.contextmanager
@@ -459,12 +470,13 @@ class _Keys:
         self._saved: list[Any] | None = None
 
     def __enter__(self) -> _Keys:
-        with contextlib.suppress(AttributeError, ValueError, OSError):
+        import termios
+        import tty
+
+        # No terminal on stdin (a pipe, a closed stdin): the view runs without keys.
+        with contextlib.suppress(AttributeError, ValueError, OSError, termios.error):
             fd = sys.stdin.fileno()
             if os.isatty(fd):
-                import termios
-                import tty
-
                 self._saved = termios.tcgetattr(fd)
                 tty.setcbreak(fd)
                 self._fd = fd

@@ -3,7 +3,9 @@ the live view as a person sees it, in a real terminal (tmux)."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import logging
 import os
 import shlex
 import shutil
@@ -25,8 +27,8 @@ from pglease.clock import FakeClock
 from pglease.fleet._sql import heartbeat_args
 from pglease.listing import iter_resources
 from pglease.migrations import grant
-from pglease.top import FREED_LINGER, RECHECK_INTERVAL, TopModel
-from pglease.watch import Watcher
+from pglease.top import FREED_LINGER, RECHECK_INTERVAL, WARNING_SHOWN, TopModel, _warnings_to
+from pglease.watch import Watcher, WatchHealth
 
 A = Owner("host", "a")
 B = Owner("host", "b")
@@ -212,6 +214,33 @@ def test_a_lease_past_its_expiry_is_reread_once_a_second(
     clock.advance(RECHECK_INTERVAL + FREED_LINGER)
     assert model.due_rechecks() == []
     assert "run/lapsed" not in text_of(model) and lapsed not in model.rows
+
+
+def test_the_status_line_tells_failing_reads_and_logged_warnings() -> None:
+    clock = FakeClock()
+    model = TopModel(clock=clock)
+    assert text_of(model).splitlines()[1] == ""  # no status line
+    since = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    model.set_health(
+        WatchHealth(
+            failed=False, failed_error=None, last_error="OperationalError: server gone",
+            last_error_at=since, failing_since=since, lag_events=3, lag_seconds=2.0,
+            reconnects=1, last_read_at=since,
+        )
+    )  # fmt: skip
+    frame = text_of(model).splitlines()
+    assert "3 queued" in frame[0]
+    assert frame[1].startswith(f"watcher failing since {since.isoformat()} (retrying")
+    assert frame[1].endswith("OperationalError: server gone")
+    model.set_health(dataclasses.replace(model.health, failing_since=None, last_error=None))
+    # A warning logged while the view runs goes to the status line, not stderr.
+    with _warnings_to(model):
+        logging.getLogger("pglease.watch").warning("reconnected after %d s", 4)
+    logging.getLogger("pglease.watch").warning("after the view: not shown")
+    line = text_of(model).splitlines()[1]
+    assert line.startswith("warning at ") and line.endswith("pglease.watch: reconnected after 4 s")
+    clock.advance(WARNING_SHOWN)
+    assert text_of(model).splitlines()[1] == ""
 
 
 def test_the_frame_fits_the_terminal_height(pg_store: PostgresStore) -> None:
