@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from .postgres import PostgresStore
     from .watch._core import WatchHealth
 
-__all__ = ["TopModel", "TopRow", "run"]
+__all__ = ["TopModel", "TopRow", "run", "warnings_to"]
 
 #: Seconds a freed lease (released, expired, revoked) stays on screen, marked.
 FREED_LINGER = 5.0
@@ -449,7 +449,8 @@ class _WarningsToModel(logging.Handler):
 
 
 @contextlib.contextmanager
-def _warnings_to(model: TopModel) -> Iterator[None]:
+def warnings_to(model: TopModel) -> Iterator[None]:
+    """Within the block, logged warnings go to `model`'s status line."""
     root = logging.getLogger()
     handler = _WarningsToModel(model)
     # With a handler on the root logger, logging's last-resort stderr handler
@@ -525,7 +526,7 @@ def run(
         load_leases(store, model, resource_type)
         period = 1.0 / fps
         with (
-            _warnings_to(model),
+            warnings_to(model),
             _Keys() as keys,
             Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live,
         ):

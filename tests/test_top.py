@@ -27,7 +27,7 @@ from pglease.clock import FakeClock
 from pglease.fleet._sql import heartbeat_args
 from pglease.listing import iter_resources
 from pglease.migrations import grant
-from pglease.top import FREED_LINGER, RECHECK_INTERVAL, WARNING_SHOWN, TopModel, _warnings_to
+from pglease.top import FREED_LINGER, RECHECK_INTERVAL, WARNING_SHOWN, TopModel, warnings_to
 from pglease.watch import Watcher, WatchHealth
 
 A = Owner("host", "a")
@@ -234,7 +234,7 @@ def test_the_status_line_tells_failing_reads_and_logged_warnings() -> None:
     assert frame[1].endswith("OperationalError: server gone")
     model.set_health(dataclasses.replace(model.health, failing_since=None, last_error=None))
     # A warning logged while the view runs goes to the status line, not stderr.
-    with _warnings_to(model):
+    with warnings_to(model):
         logging.getLogger("pglease.watch").warning("reconnected after %d s", 4)
     logging.getLogger("pglease.watch").warning("after the view: not shown")
     line = text_of(model).splitlines()[1]
