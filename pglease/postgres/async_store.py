@@ -142,8 +142,14 @@ class AsyncPostgresStore:
         self._pool = pool
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Set the time limits once per connection (the pool calls this on connect);
-        not in pooler mode, where a session SET would land on a random server."""
+        """The pool calls this on connect: the time limits, then the fast path's
+        prepared statements (neither in pooler mode, where session state would
+        land on a random server)."""
+        await self._set_limits(conn)
+        await self._fast.prepare_on_connect_async(conn)
+
+    async def _set_limits(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Set the time limits for the session (not in pooler mode)."""
         if not self.pooler and (settings := self._limits.settings) is not None:
             await conn.execute(settings)
 
@@ -268,7 +274,7 @@ class AsyncPostgresStore:
             finally:
                 if conn.info.transaction_status == pq.TransactionStatus.IDLE:
                     await conn.execute(b"RESET statement_timeout; RESET lock_timeout")
-                    await self._configure(conn)
+                    await self._set_limits(conn)
                 else:
                     discard(conn)  # never reuse it without its limits
 
