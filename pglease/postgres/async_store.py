@@ -133,11 +133,12 @@ class AsyncPostgresStore:
             name=f"pglease-{self.schema}",
         )
         try:
-            await pool.open(wait=True, timeout=self._connect_timeout)
+            with _core.PoolConnectErrors(pool.name) as connect_errors:
+                await pool.open(wait=True, timeout=self._connect_timeout)
         except BaseException as exc:
             await pool.close()  # stop its workers; the caller gets the error
             if isinstance(exc, psycopg.Error):
-                raise _core.unavailable(exc, "cannot open the connection pool", dsn) from exc
+                raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
             raise
         self._pool = pool
 
@@ -486,3 +487,4 @@ class AsyncPostgresStore:
             clock=clock,
             tuning=tuning,
         )
+

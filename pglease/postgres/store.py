@@ -115,11 +115,12 @@ class PostgresStore:
             name=f"pglease-{schema}",
         )
         try:
-            self._pool.open(wait=True, timeout=connect_timeout)
+            with _core.PoolConnectErrors(self._pool.name) as connect_errors:
+                self._pool.open(wait=True, timeout=connect_timeout)
         except BaseException as exc:
             self._pool.close()  # stop its worker threads; the caller gets the error
             if isinstance(exc, psycopg.Error):
-                raise _core.unavailable(exc, "cannot open the connection pool", self.dsn) from exc
+                raise _core.pool_unavailable(exc, connect_errors.last, self.dsn) from exc
             raise
         self._conns = ConnectionStack(self._pool)
 
@@ -443,3 +444,4 @@ class PostgresStore:
             clock=clock,
             tuning=tuning,
         )
+
