@@ -4,7 +4,8 @@ checker verifies the invariants from the database's own records.
 
 ``python -m tests._chaos host DSN SCHEMA HOST WORKERS KEYS TTL LOG`` (from the
 repository root) runs one host. It lives with the tests, outside the wheel: it
-is a test harness, and it uses the demo's history checker. `run_chaos` drives a whole run; `check` judges it. Records:
+is a test harness, and it uses the demo's history checker. `run_chaos` drives
+a whole run; `check` judges it. Records:
 
 * the event log (claims, releases, fenced writes, with revisions);
 * ``chaos_writes``: the fenced side table, written inside `mutate`;
