@@ -233,6 +233,8 @@ async def test_a_refused_append_changes_nothing(flavour: Flavour) -> None:
 async def test_a_writer_that_lost_its_lease_writes_nothing(flavour: Flavour) -> None:
     s = await flavour.create("s1")
     a = await w(s.append("main", "message", user("a")))
+    with pytest.raises(SessionAlreadyClaimedError, match="already claimed by writer"):
+        await flavour.open("s1")
     flavour.take_over("s1")
     with pytest.raises(WriterLeaseLostError, match="writer lease was lost"):
         await w(s.append("main", "message", user("late")))
