@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 CONFIG = {"model": {"provider": "p", "modelId": "m"}, "thinkingLevel": "low", "activeToolNames": []}
-IDLE = {"currentOperationId": None, "pendingNextRun": []}
+IDLE: dict[str, Any] = {"currentOperationId": None, "pendingNextRun": []}
 EMPTY_USAGE = {
     "input": 0,
     "output": 0,
@@ -447,7 +447,7 @@ async def test_fork_of_a_lane_mid_branch(flavour: Flavour) -> None:
     with pytest.raises(InvalidSessionWriteError, match="branch scope only"):
         await w(s.fork(scope="tree", at=a.id, id="nope2"))
     with pytest.raises(InvalidSessionWriteError, match="fork scope"):
-        await w(s.fork(scope="forest", id="nope3"))  # type: ignore[arg-type]
+        await w(s.fork(scope="forest", id="nope3"))
     with pytest.raises(UnknownEntryError):
         await w(s.fork(at="missing", id="nope4"))
     with pytest.raises(LaneValidationError):
@@ -634,20 +634,20 @@ async def test_round_trip_postgres_file_postgres(
     else:
         with PostgresStore(pg_dsn, schema=schema, max_size=4) as store:
             pg = PostgresSessionRepository(store, renew_interval=None)
-            source = Session.create(pg, "src")
-            await build_through_the_layer(source)
-            original = await view(source)
+            sync_source = Session.create(pg, "src")
+            await build_through_the_layer(sync_source)
+            original = await view(sync_source)
             path = pg.export_to_file("src", tmp_path, id="local")
             local = Session.open(files, "local")
             await check_and_extend(local, original)
             local_view = await view(local)
             local.close()
-            back = Session(pg.import_file(path, id="back"), pg)
-            assert await view(back) == local_view
-            assert back.handle.stats().parent_session_id == "local"
-            assert back.usage() == EMPTY_USAGE
-            back.close()
-            source.close()
+            sync_back = Session(pg.import_file(path, id="back"), pg)
+            assert await view(sync_back) == local_view
+            assert sync_back.handle.stats().parent_session_id == "local"
+            assert sync_back.usage() == EMPTY_USAGE
+            sync_back.close()
+            sync_source.close()
     files.close()
 
 
