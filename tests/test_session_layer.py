@@ -8,13 +8,16 @@ assertions check both twins on real SQLite files and a real PostgreSQL.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import itertools
 import os
 import re
 import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,12 +34,15 @@ from pglease.sessions import (
     AsyncSessionRepository,
     DuplicateIdError,
     Entry,
+    InvalidSessionIdError,
     InvalidSessionWriteError,
     LaneValidationError,
     PostgresSessionRepository,
     Session,
     SessionAlreadyClaimedError,
+    SessionBusyError,
     SessionCorruptError,
+    SessionNotFoundError,
     SessionRepository,
     UnknownEntryError,
     WriterLeaseLostError,
@@ -247,6 +253,26 @@ async def test_a_writer_that_lost_its_lease_writes_nothing(flavour: Flavour) -> 
     assert await w(again.leaf()) == a.id
     assert ids(await w(again.branch())) == [a.id]
     await w(again.close())
+
+
+async def test_concurrent_appends_to_one_lane_form_one_chain(flavour: Flavour) -> None:
+    """Appends from several threads (or tasks) on one session never read the
+    same leaf: the lane's branch is one chain holding every entry."""
+    s = await flavour.create("s1")
+    count = 12
+    if flavour.is_async:
+        made = await asyncio.gather(
+            *(s.append("main", "message", user(f"t{i}")) for i in range(count))
+        )
+    else:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            made = list(
+                pool.map(lambda i: s.append("main", "message", user(f"t{i}")), range(count))
+            )
+    branch = await w(s.branch())
+    assert sorted(ids(branch)) == sorted(ids(made)) and len(branch) == count
+    assert all(e.parent_id == p.id for p, e in itertools.pairwise(branch))
+    await w(s.close())
 
 
 # -- lanes, labels, registers ---------------------------------------------------------
@@ -661,6 +687,24 @@ async def check_and_extend(local: Session, original: dict[str, Any]) -> None:
     assert y.parent_id == leaf
     z = local.append("side", "message", user("offline side"))
     local.set_label(z.id, "offline")
+
+
+async def test_async_file_repository_lists_and_deletes(tmp_path: Path) -> None:
+    async with AsyncSessionRepository(tmp_path, renew_interval=None) as repo:
+        s = await AsyncSession.create(repo, "one")
+        await s.append("main", "message", user("a"))
+        assert await repo.exists("one") and not await repo.exists("two")
+        with pytest.raises(SessionBusyError):
+            await repo.delete("one")  # open for writing
+        await s.close()
+        assert (await repo.list()).ids() == ["one"]
+        assert repo.path_for("one") == tmp_path / "one.sqlite"
+        await repo.delete("one")
+        assert (await repo.list()).ids() == []
+        with pytest.raises(SessionNotFoundError):
+            await AsyncSession.open(repo, "one")
+        with pytest.raises(InvalidSessionIdError):
+            await repo.create("../escape")
 
 
 # -- README -------------------------------------------------------------------------
