@@ -3,7 +3,9 @@
 SQLite has no asyncio driver, so every call runs the blocking method in a
 worker thread (`asyncio.to_thread`); the event loop never waits on a file
 lock. Semantics, errors and the lease (renewed by the handle's own thread)
-are those of the blocking classes.
+are those of the blocking classes. A call already running in its thread
+finishes even when the awaiting task is cancelled: a cancelled commit may
+still have committed (read the session to find out).
 """
 
 from __future__ import annotations

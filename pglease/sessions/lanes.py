@@ -78,8 +78,9 @@ def sorted_lanes(registers: Sequence[Register]) -> list[str]:
 
 
 def entry_usage(entry: Entry) -> Mapping[str, Any] | None:
-    """The usage an entry carries: an assistant message's `message.usage`, or the
-    `usage` of a compaction or branch summary (the call that produced it)."""
+    """The usage an entry carries: a message's `message.usage` (assistant
+    messages carry one), or the `usage` of a compaction or branch summary (the
+    model call that produced it). None when it carries no usage object."""
     payload = entry.payload
     if entry.type == "message":
         message = payload.get("message")
