@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _server import throwaway_server  # noqa: E402
 
-from pglease.fleet.chaos import run_chaos  # noqa: E402
+from tests._chaos import run_chaos  # noqa: E402
 from tests._watch_helpers import restart_server, wait_for_server  # noqa: E402
 
 

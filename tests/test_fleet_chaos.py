@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pglease.fleet.chaos import run_chaos
+from tests._chaos import run_chaos
 
 from ._watch_helpers import restart_server, restart_unavailable_reason, wait_for_server
 

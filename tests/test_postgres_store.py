@@ -172,6 +172,30 @@ def test_processes_racing_for_one_resource(
     assert xids == sorted(xids)
 
 
+_FAST_PATH = ["pglease_claim", "pglease_release", "pglease_renew"]
+
+
+def test_connections_come_prepared(pg_store: PostgresStore) -> None:
+    """The pool prepares the fast path on connect: a new connection's first claim
+    must not fail on a missing statement first (the server logs each such ERROR)."""
+    with pg_store.connection() as conn:
+        names = [r[0] for r in conn.execute(
+            "SELECT name FROM pg_prepared_statements WHERE name LIKE 'pglease%' ORDER BY name"
+        )]  # fmt: skip
+        limit = conn.execute("SHOW statement_timeout").fetchone()
+    assert names == _FAST_PATH
+    assert limit is not None and limit[0] != "0"  # the limits are set as before
+
+
+async def test_async_connections_come_prepared(apg_store: AsyncPostgresStore) -> None:
+    async with apg_store.connection() as conn:
+        cur = await conn.execute(
+            "SELECT name FROM pg_prepared_statements WHERE name LIKE 'pglease%' ORDER BY name"
+        )
+        names = [r[0] for r in await cur.fetchall()]
+    assert names == _FAST_PATH
+
+
 def test_hot_path_survives_deallocate_all(pg_store: PostgresStore) -> None:
     """psycopg sends DEALLOCATE ALL after a rollback; claim/renew/release re-prepare."""
     rid = pg_store.ensure_resource("run", "dealloc")

@@ -30,7 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: (asyncio source, generated sync twin), relative to the repository root.
-PAIRS: tuple[tuple[str, str], ...] = (("pglease/_migrate_async.py", "pglease/_migrate.py"),)
+PAIRS: tuple[tuple[str, str], ...] = (
+    ("pglease/_migrate_async.py", "pglease/_migrate.py"),
+    ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
+)
 
 RENAMES = {
     "AbstractAsyncContextManager": "AbstractContextManager",

@@ -6,6 +6,7 @@ semantics cannot drift apart.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -105,6 +106,48 @@ def unavailable(
     if (hint := pooler_hint(exc)) is not None:
         return PoolerModeError(f"{what}: {_detail(exc, dsn)}{hint}", sqlstate=exc.diag.sqlstate)
     return DatabaseUnavailableError(f"{what}: {_detail(exc, dsn)}")
+
+
+class PoolConnectErrors(logging.Handler):
+    """The last connection error of one pool while it opens.
+
+    psycopg_pool retries a failed connection in the background, logs the error
+    (`error connecting in 'name': ...` on the `psycopg.pool` logger) and, when
+    `wait()` runs out, closes the pool and raises a bare PoolTimeout. The logged
+    error (e.g. `too many clients already`) is what an operator needs; it is
+    kept here and put into the store's error. Use as a context manager."""
+
+    def __init__(self, pool_name: str) -> None:
+        super().__init__(logging.WARNING)
+        self.pool_name = pool_name
+        self.last: BaseException | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args
+        named = isinstance(args, tuple) and len(args) == 2 and args[0] == self.pool_name
+        if named and isinstance(args, tuple) and isinstance(args[1], BaseException):
+            self.last = args[1]
+
+    def __enter__(self) -> PoolConnectErrors:
+        logging.getLogger("psycopg.pool").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("psycopg.pool").removeHandler(self)
+
+
+def pool_unavailable(
+    exc: psycopg.Error, cause: BaseException | None, dsn: str | None = None
+) -> DatabaseUnavailableError | PoolerModeError:
+    """The pool did not fill in time: its own message, then the last error its
+    connection attempts got (`PoolConnectErrors`), when there was one."""
+    if isinstance(cause, psycopg.Error):
+        return unavailable(cause, f"cannot open the connection pool ({_detail(exc)})", dsn)
+    if cause is not None:
+        return DatabaseUnavailableError(
+            f"cannot open the connection pool ({_detail(exc)}): {_detail(cause, dsn)}"
+        )
+    return unavailable(exc, "cannot open the connection pool", dsn)
 
 
 def _detail(exc: BaseException, dsn: str | None = None) -> str:

@@ -8,10 +8,13 @@ PostgreSQL. Here each call is one `exec_prepared` on the borrowed connection
 with text parameters, the token hash in binary, and a result of a few text
 columns; timestamps come back as integer microseconds so they convert exactly.
 
-The statements are prepared when the server says they do not exist: on a
-connection's first call, after a reconnect, or after a DEALLOCATE ALL. The
-store's session settings (time limits) are applied again with them: a DISCARD
-ALL, which also drops prepared statements, resets those too.
+The statements are prepared when the pool opens a connection (`prepare_on_connect`,
+from the pool's configure callback), so a fresh connection's first call finds
+them: preparing on demand instead would make the server log an ERROR
+("prepared statement does not exist") for every new connection, which trips
+log-based alerting. They are prepared again when the server says they do not
+exist, after a DEALLOCATE ALL or DISCARD ALL; the store's session settings
+(time limits) are applied again with them, since DISCARD ALL resets those too.
 
 Pooler mode (``pooler=True``): a transaction-pooling pooler runs each call on
 whichever server connection is free, where a statement prepared earlier does
@@ -104,6 +107,14 @@ class FastPath:
         self._formats = {CLAIM: [0, 0, 0, 1, 0, 0, 0], RENEW: [0, 0, 0, 0, 1, 0, 0, 0],
                          RELEASE: [0, 0, 0, 0, 1, 0, 0]}  # fmt: skip
 
+    def prepare_on_connect(self, conn: psycopg.Connection[Any]) -> None:
+        """Prepare the statements on a new connection (nothing in pooler mode);
+        raises the driver's error, which makes the pool discard the connection."""
+        if self.pooler:
+            return
+        for name, text in self._texts.items():
+            self._check(conn, conn.pgconn.prepare(name, text), pq.ExecStatus.COMMAND_OK)
+
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
         try:
             if self._setup is not None:
@@ -179,6 +190,15 @@ class AsyncFastPath(FastPath):
             raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
         results: list[pq.abc.PGresult] = await conn.wait(generators.execute(conn.pgconn))
         return results[-1]
+
+    async def prepare_on_connect_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Asyncio twin of `FastPath.prepare_on_connect`."""
+        if self.pooler:
+            return
+        for name, text in self._texts.items():
+            conn.pgconn.send_prepare(name, text)
+            result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
+            self._check(conn, result, pq.ExecStatus.COMMAND_OK)
 
     async def _prepare_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
         try:

@@ -133,17 +133,24 @@ class AsyncPostgresStore:
             name=f"pglease-{self.schema}",
         )
         try:
-            await pool.open(wait=True, timeout=self._connect_timeout)
+            with _core.PoolConnectErrors(pool.name) as connect_errors:
+                await pool.open(wait=True, timeout=self._connect_timeout)
         except BaseException as exc:
             await pool.close()  # stop its workers; the caller gets the error
             if isinstance(exc, psycopg.Error):
-                raise _core.unavailable(exc, "cannot open the connection pool", dsn) from exc
+                raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
             raise
         self._pool = pool
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Set the time limits once per connection (the pool calls this on connect);
-        not in pooler mode, where a session SET would land on a random server."""
+        """The pool calls this on connect: the time limits, then the fast path's
+        prepared statements (neither in pooler mode, where session state would
+        land on a random server)."""
+        await self._set_limits(conn)
+        await self._fast.prepare_on_connect_async(conn)
+
+    async def _set_limits(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Set the time limits for the session (not in pooler mode)."""
         if not self.pooler and (settings := self._limits.settings) is not None:
             await conn.execute(settings)
 
@@ -268,7 +275,7 @@ class AsyncPostgresStore:
             finally:
                 if conn.info.transaction_status == pq.TransactionStatus.IDLE:
                     await conn.execute(b"RESET statement_timeout; RESET lock_timeout")
-                    await self._configure(conn)
+                    await self._set_limits(conn)
                 else:
                     discard(conn)  # never reuse it without its limits
 
@@ -480,3 +487,4 @@ class AsyncPostgresStore:
             clock=clock,
             tuning=tuning,
         )
+

@@ -115,17 +115,24 @@ class PostgresStore:
             name=f"pglease-{schema}",
         )
         try:
-            self._pool.open(wait=True, timeout=connect_timeout)
+            with _core.PoolConnectErrors(self._pool.name) as connect_errors:
+                self._pool.open(wait=True, timeout=connect_timeout)
         except BaseException as exc:
             self._pool.close()  # stop its worker threads; the caller gets the error
             if isinstance(exc, psycopg.Error):
-                raise _core.unavailable(exc, "cannot open the connection pool", self.dsn) from exc
+                raise _core.pool_unavailable(exc, connect_errors.last, self.dsn) from exc
             raise
         self._conns = ConnectionStack(self._pool)
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        """Set the time limits once per connection (the pool calls this on connect);
-        not in pooler mode, where a session SET would land on a random server."""
+        """The pool calls this on connect: the time limits, then the fast path's
+        prepared statements (neither in pooler mode, where session state would
+        land on a random server)."""
+        self._set_limits(conn)
+        self._fast.prepare_on_connect(conn)
+
+    def _set_limits(self, conn: psycopg.Connection[Any]) -> None:
+        """Set the time limits for the session (not in pooler mode)."""
         if not self.pooler and (settings := self._limits.settings) is not None:
             conn.execute(settings)
 
@@ -224,7 +231,7 @@ class PostgresStore:
             finally:
                 if conn.info.transaction_status == pq.TransactionStatus.IDLE:
                     conn.execute(b"RESET statement_timeout; RESET lock_timeout")
-                    self._configure(conn)
+                    self._set_limits(conn)
                 else:
                     discard(conn)  # never reuse it without its limits
 
@@ -437,3 +444,4 @@ class PostgresStore:
             clock=clock,
             tuning=tuning,
         )
+

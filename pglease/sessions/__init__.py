@@ -9,7 +9,10 @@ live in `fork`, `branch_index` and `model` so other backends can share them.
 (`sql/0004_sessions.sql`) for fleets, with `PostgresSession` handles fenced by
 a pglease lease; it also forks sessions into files and imports files back.
 Both handle types satisfy the `SessionHandle` protocol.
-`AsyncPostgresSessionRepository` is its asyncio twin. See README.md here.
+`AsyncPostgresSessionRepository` is its asyncio twin; `AsyncSessionRepository`
+serves files to asyncio code. `Session` / `AsyncSession` are the layer a
+harness uses over any of them: lanes, appends that move the lane's leaf,
+forks, labels, usage. See README.md here.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .errors import (
     UnknownEntryError,
     WriterLeaseLostError,
 )
+from .files_async import AsyncSessionRepository, AsyncSqliteSession
 from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork, validate_lanes
 from .ids import uuid7
 from .model import (
@@ -54,7 +58,7 @@ from .model import (
 )
 from .postgres import PgBranchIndex, PostgresSession, PostgresSessionRepository
 from .postgres_async import AsyncPostgresSession, AsyncPostgresSessionRepository
-from .protocol import SessionBackend, SessionHandle
+from .protocol import AsyncSessionBackend, AsyncSessionHandle, SessionBackend, SessionHandle
 from .repository import (
     SessionListing,
     SessionProblem,
@@ -63,6 +67,8 @@ from .repository import (
     read_session_file,
 )
 from .schema import SCHEMA_SQL, STORAGE_VERSION
+from .session import Session
+from .session_async import AsyncSession
 from .sqlite_file import SqliteBranchIndex, SqliteSession
 
 __all__ = [
@@ -72,6 +78,11 @@ __all__ = [
     "AppendEntry",
     "AsyncPostgresSession",
     "AsyncPostgresSessionRepository",
+    "AsyncSession",
+    "AsyncSessionBackend",
+    "AsyncSessionHandle",
+    "AsyncSessionRepository",
+    "AsyncSqliteSession",
     "BranchIndexStore",
     "BranchQuery",
     "BranchRow",
@@ -92,6 +103,7 @@ __all__ = [
     "PostgresSessionRepository",
     "Register",
     "Segment",
+    "Session",
     "SessionAlreadyClaimedError",
     "SessionBackend",
     "SessionBusyError",

@@ -2,8 +2,10 @@
 SIGKILLs hosts, SIGSTOPs one past its TTL, and restarts PostgreSQL; then a
 checker verifies the invariants from the database's own records.
 
-``python -m pglease.fleet.chaos host DSN SCHEMA HOST WORKERS KEYS TTL LOG`` runs
-one host. `run_chaos` drives a whole run; `check` judges it. Records:
+``python -m tests._chaos host DSN SCHEMA HOST WORKERS KEYS TTL LOG`` (from the
+repository root) runs one host. It lives with the tests, outside the wheel: it
+is a test harness, and it uses the demo's history checker. `run_chaos` drives
+a whole run; `check` judges it. Records:
 
 * the event log (claims, releases, fenced writes, with revisions);
 * ``chaos_writes``: the fenced side table, written inside `mutate`;
@@ -30,12 +32,14 @@ from typing import Any
 
 import psycopg
 
-from ..demo.checker import check_history
-from ..errors import LeaseLostError, PgleaseError
-from ..postgres import PostgresStore
-from ..types import Owner
-from .acquire import hold
+from pglease.demo.checker import check_history
+from pglease.errors import LeaseLostError, PgleaseError
+from pglease.fleet.acquire import hold
+from pglease.postgres import PostgresStore
+from pglease.types import Owner
 
+#: `-m tests._chaos` resolves from here.
+_REPO_ROOT = Path(__file__).resolve().parent.parent
 CHAOS_TYPE = "chaos"
 #: Event-log findings that silent heartbeat extensions explain (see `check`).
 _SILENT_EXTENSION = re.compile(r"two holders|(write|renew) after expiry")
@@ -254,9 +258,9 @@ def spawn_host(
     dsn: str, schema: str, host: str, workers: int, keys: int, ttl: float, log: Path
 ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "pglease.fleet.chaos", "host", dsn, schema, host, str(workers),
+        [sys.executable, "-m", "tests._chaos", "host", dsn, schema, host, str(workers),
          str(keys), repr(ttl), str(log)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=_REPO_ROOT,
     )  # fmt: skip
 
 
