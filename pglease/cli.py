@@ -19,7 +19,7 @@ import psycopg
 import psycopg.errors
 from psycopg import sql
 
-from . import __version__, doctor, embedded_cli
+from . import __version__, doctor, embedded_cli, top_cli
 from .cli_support import (
     EXIT_ERROR,
     EXIT_HELD,
@@ -35,7 +35,6 @@ from .cli_support import (
     print_json,
     read_token,
     resolve_connection,
-    sigterm_as_interrupt,
     to_jsonable,
 )
 from .dsn import redact_dsn, redact_text
@@ -574,29 +573,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
-def cmd_top(args: argparse.Namespace) -> int:
-    from . import top
-
-    if getattr(args, "json", False):
-        return fail(
-            "top draws a terminal view and has no JSON output (for a listing: pglease --json ls"
-            " --held)",
-            EXIT_USAGE,
-        )
-    if not args.once and not sys.stdout.isatty():
-        return fail(
-            "top draws on a terminal and stdout is not one: --once prints one frame", EXIT_USAGE
-        )
-    # SIGTERM ends the view as Ctrl-C and q do: the terminal is restored first.
-    with (
-        sigterm_as_interrupt(),
-        contextlib.suppress(KeyboardInterrupt),
-        open_store(args, read_only=True) as store,
-    ):
-        top.run(store, resource_type=args.type, once=args.once, fps=args.fps)
-    return EXIT_OK
-
-
 def cmd_completion(args: argparse.Namespace) -> int:
     import shtab
 
@@ -604,35 +580,13 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _fps(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.1 <= value <= 10:
-        raise argparse.ArgumentTypeError(f"must be between 0.1 and 10, got {text}")
-    return value
-
-
-def _register_top_and_completion(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-) -> None:
-    p = sub.add_parser(
-        "top",
-        help="live view: leases by expiry with holder, generation and time left; event rate,"
-        " recent events, watcher lag (q quits)",
-        description="A live terminal view of the held leases, sorted by expiry, refreshed from"
-        " a watcher. Time left is judged by the database clock. q or Ctrl-C quits.",
-    )
-    p.add_argument("--type", help="only resources of this type")
-    p.add_argument("--once", action="store_true", help="print one frame and exit")
-    p.add_argument("--fps", type=_fps, default=4.0, help="frames per second at most (default 4)")
-    p.set_defaults(func=cmd_top)
+def _register_completion(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "completion",
         help="print a shell completion script (bash or zsh)",
-        description='Print the completion script for SHELL. bash: eval "$(pglease completion'
-        ' bash)" in ~/.bashrc; zsh: pglease completion zsh > a directory on $fpath, as _pglease.',
+        description="Print the completion script for SHELL. bash: pglease completion bash >"
+        " ~/.pglease-completion.bash, then source that file from ~/.bashrc; zsh: pglease"
+        " completion zsh > ~/.zfunc/_pglease, with ~/.zfunc on $fpath before compinit.",
     )
     p.add_argument("shell", choices=["bash", "zsh"])
     # connects=False: printing a script must not resolve a DSN or start a server.
@@ -803,7 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch_cli.register(sub)
     sessions_cli.register(sub)
     doctor.register(sub)
-    _register_top_and_completion(sub)
+    top_cli.register(sub)
+    _register_completion(sub)
     for command in sub.choices.values():
         # Accept --json after the subcommand too: `pglease ls --json`.
         command.add_argument(

@@ -1,7 +1,8 @@
 """`pglease top`: a live terminal view of the leases, built on `rich`.
 
 `TopModel` does no I/O. It is built from one listing of the held leases
-(`pglease.listing.iter_resources`) and then follows watch events; `render()`
+(the states `pglease.listing.iter_resources` reads) and then follows watch
+events; `render()`
 turns it into a rich renderable. Time left is judged by the database clock:
 the model keeps the offset between the database's `clock_timestamp()` and the
 host clock (measured once by the caller) and adds it to its injectable clock,
@@ -13,39 +14,27 @@ A held lease that reaches its known expiry is therefore re-read, that one
 row (`due_rechecks` / `apply_state`), at most once a second; everything
 else comes from the watcher.
 
-`run` is the I/O around it: the clock offset, the listing, the watcher, the
-refresh loop (at most `fps` frames a second) and the `q` key.
+The I/O around it (the clock offset, the listing, the watcher, the refresh
+loop, the keys) is `pglease.top_cli`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import heapq
-import logging
-import os
-import select
-import sys
-import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal, Protocol
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from .clock import SYSTEM_CLOCK, Clock
-from .errors import DatabaseUnavailableError
-from .listing import Listed
 from .types import Event, Owner, ResourceState
 
-if TYPE_CHECKING:
-    from .postgres import PostgresStore
-    from .watch._core import WatchHealth
-
-__all__ = ["TopModel", "TopRow", "run", "warnings_to"]
+__all__ = ["Health", "TopModel", "TopRow"]
 
 #: Seconds a freed lease (released, expired, revoked) stays on screen, marked.
 FREED_LINGER = 5.0
@@ -59,8 +48,6 @@ RECHECK_INTERVAL = 1.0
 WARNING_SHOWN = 30.0
 #: Width of the time-left bar, in characters.
 BAR_WIDTH = 20
-#: Frames per second at most.
-DEFAULT_FPS = 4.0
 
 State = Literal["held", "released", "expired", "revoked"]
 
@@ -69,6 +56,19 @@ _FREED_BY: dict[str, State] = {
     "lease.expired": "expired",
     "lease.revoked": "revoked",
 }
+
+
+class Health(Protocol):
+    """What the view shows of a watcher's `health` (a `pglease.watch.WatchHealth`)."""
+
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def failing_since(self) -> datetime | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def lag_events(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -136,7 +136,7 @@ class TopModel:
         self.offset_error: float | None = None
         #: Seconds from an event's creation to its arrival here (last event).
         self.lag: float | None = None
-        self.health: WatchHealth | None = None
+        self.health: Health | None = None
         #: The last failed re-read, shown until one succeeds.
         self.read_error: str | None = None
         #: The last warning logged while the view runs (on stderr it would garble
@@ -170,10 +170,10 @@ class TopModel:
 
     # -- input ---------------------------------------------------------------------
 
-    def load(self, listed: Iterable[Listed]) -> None:
+    def load(self, states: Iterable[ResourceState]) -> None:
         """Add the leases of a listing (only the held ones are kept)."""
-        for item in listed:
-            self.apply_state(item.state)
+        for state in states:
+            self.apply_state(state)
 
     def apply_state(self, state: ResourceState) -> None:
         """A resource as read from the table (the listing, or a re-read)."""
@@ -229,7 +229,7 @@ class TopModel:
         """Show `message` in the status line for WARNING_SHOWN seconds."""
         self.warning, self.warning_at = message, self.clock.time()
 
-    def set_health(self, health: WatchHealth) -> None:
+    def set_health(self, health: Health) -> None:
         """The watcher's latest `health` snapshot."""
         self.health = health
 
@@ -398,161 +398,3 @@ class TopModel:
         parts.append(self._events_table() if self.recent else Text("(none yet)", style="dim"))
         parts.append(Text("q quits", style="dim"))
         return Group(*parts)
-
-
-# -- the live loop (I/O) ------------------------------------------------------------
-
-
-def measure_db_clock(store: PostgresStore, model: TopModel) -> None:
-    """Read the database clock once and give the model its offset."""
-    import psycopg
-
-    from .postgres._core import driver_error
-
-    try:
-        with store.connection() as conn:
-            sent = model.clock.time()
-            row = conn.execute("SELECT clock_timestamp()").fetchone()
-            received = model.clock.time()
-    except psycopg.Error as exc:
-        raise driver_error(exc, dsn=store.dsn) from exc
-    assert row is not None
-    model.set_db_clock(row[0], sent, received)
-
-
-def load_leases(store: PostgresStore, model: TopModel, resource_type: str | None) -> None:
-    """The held leases, read once in keyset pages."""
-    import psycopg
-
-    from .listing import iter_resources
-    from .postgres._core import driver_error
-
-    try:
-        model.load(iter_resources(store, store.schema, resource_type=resource_type, held=True))
-    except psycopg.Error as exc:
-        raise driver_error(exc, dsn=store.dsn) from exc
-
-
-class _WarningsToModel(logging.Handler):
-    """Log records (the watcher's retries, the pool's reconnects) go to the
-    status line while the view owns the screen; on stderr they would garble it."""
-
-    def __init__(self, model: TopModel) -> None:
-        super().__init__(logging.WARNING)
-        self.model = model
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.model.warn(f"{record.name}: {record.getMessage()}")
-        except Exception:
-            self.handleError(record)  # logging's own way: never raise into the caller
-
-
-@contextlib.contextmanager
-def warnings_to(model: TopModel) -> Iterator[None]:
-    """Within the block, logged warnings go to `model`'s status line."""
-    root = logging.getLogger()
-    handler = _WarningsToModel(model)
-    # With a handler on the root logger, logging's last-resort stderr handler
-    # stays quiet; the records an application's own handlers get are unchanged.
-    root.addHandler(handler)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
-
-
-class _Keys:
-    """Single key presses from a terminal stdin (cbreak mode: Ctrl-C still
-    interrupts); nothing at all when stdin is not a terminal."""
-
-    def __init__(self) -> None:
-        self._fd: int | None = None
-        self._saved: list[Any] | None = None
-
-    def __enter__(self) -> _Keys:
-        import termios
-        import tty
-
-        # No terminal on stdin (a pipe, a closed stdin): the view runs without keys.
-        with contextlib.suppress(AttributeError, ValueError, OSError, termios.error):
-            fd = sys.stdin.fileno()
-            if os.isatty(fd):
-                self._saved = termios.tcgetattr(fd)
-                tty.setcbreak(fd)
-                self._fd = fd
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None and self._saved is not None:
-            import termios
-
-            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
-
-    def pressed(self) -> Iterator[str]:
-        """The keys pressed since the last call (never blocks)."""
-        while self._fd is not None and select.select([self._fd], [], [], 0)[0]:
-            data = os.read(self._fd, 64)
-            if not data:
-                return
-            yield from data.decode(errors="replace")
-
-
-def run(
-    store: PostgresStore,
-    *,
-    resource_type: str | None = None,
-    once: bool = False,
-    fps: float = DEFAULT_FPS,
-    console: Console | None = None,
-    clock: Clock = SYSTEM_CLOCK,
-) -> None:
-    """Show the live view until `q`, Ctrl-C or an error (raised as a PgleaseError);
-    with `once`, print one frame of the current leases and return."""
-    console = console or Console()
-    model = TopModel(schema=store.schema, clock=clock)
-    if once:
-        measure_db_clock(store, model)
-        load_leases(store, model, resource_type)
-        console.print(model.render())
-        return
-    from rich.live import Live
-
-    # The watcher first: every change committed after the listing's read, or
-    # during it, is delivered (an event the listing already shows is skipped
-    # by its revision).
-    with store.watch(after="now", types=resource_type) as watcher:
-        measure_db_clock(store, model)
-        load_leases(store, model, resource_type)
-        period = 1.0 / fps
-        with (
-            warnings_to(model),
-            _Keys() as keys,
-            Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live,
-        ):
-            next_frame = 0.0
-            while True:
-                wait = max(0.0, next_frame - time.monotonic())
-                for event in watcher.get_batch(timeout=min(wait, period)):
-                    model.apply(event)
-                if any(key in "qQ" for key in keys.pressed()):
-                    return
-                if time.monotonic() < next_frame:
-                    continue
-                _recheck(store, model)
-                model.set_health(watcher.health)
-                live.update(model.render(console.size.height), refresh=True)
-                next_frame = time.monotonic() + period
-
-
-def _recheck(store: PostgresStore, model: TopModel) -> None:
-    """Re-read the leases past their known expiry (a heartbeat may have extended them)."""
-    for rid in model.due_rechecks():
-        try:
-            model.apply_state(store.get(rid))
-        except DatabaseUnavailableError as exc:
-            # Shown on screen and tried again next second; the watcher's own
-            # retry window decides when the view gives up.
-            model.read_error = str(exc)
-            return
-    model.read_error = None

@@ -27,7 +27,8 @@ from pglease.clock import FakeClock
 from pglease.fleet._sql import heartbeat_args
 from pglease.listing import iter_resources
 from pglease.migrations import grant
-from pglease.top import FREED_LINGER, RECHECK_INTERVAL, WARNING_SHOWN, TopModel, warnings_to
+from pglease.top import FREED_LINGER, RECHECK_INTERVAL, WARNING_SHOWN, TopModel
+from pglease.top_cli import warnings_to
 from pglease.watch import Watcher, WatchHealth
 
 A = Owner("host", "a")
@@ -88,7 +89,7 @@ def test_listing_sorted_by_expiry_with_time_left_by_the_database_clock(
     pg_store.release(claim, now=t0)
     clock = FakeClock()
     model = model_at(pg_store, t0, clock)
-    model.load(iter_resources(pg_store, pg_store.schema, held=True))
+    model.load(item.state for item in iter_resources(pg_store, pg_store.schema, held=True))
     assert sorted(r.key for r in model.rows.values()) == ["fast", "mid", "slow"]
     assert [model.time_left(r) for r in sorted(model.rows.values(), key=lambda r: r.key)] == [
         10.0,
@@ -132,7 +133,7 @@ def test_events_update_holder_generation_and_mark_releases(pg_store: PostgresSto
         second = pg_store.claim(other, A, 30)
         assert second is not None
         model = model_at(pg_store, db_now(pg_store), clock)
-        model.load(iter_resources(pg_store, pg_store.schema, held=True))
+        model.load(item.state for item in iter_resources(pg_store, pg_store.schema, held=True))
         pg_store.release(first)
         taken = pg_store.claim(rid, B, 60)
         assert taken is not None
@@ -189,7 +190,7 @@ def test_a_lease_past_its_expiry_is_reread_once_a_second(
     assert kept_claim is not None and lapsed_claim is not None
     clock = FakeClock()
     model = model_at(pg_store, t0, clock)
-    model.load(iter_resources(pg_store, schema, held=True))
+    model.load(item.state for item in iter_resources(pg_store, schema, held=True))
     assert model.due_rechecks() == []
     # A heartbeat (the keeper's own SQL) extends `kept` and writes no event.
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -249,7 +250,8 @@ def test_the_frame_fits_the_terminal_height(pg_store: PostgresStore) -> None:
         rid = pg_store.ensure_resource("run", f"k{i:02d}")
         assert pg_store.claim(rid, A, 100 - i, now=t0) is not None
     model = model_at(pg_store, t0, FakeClock())
-    model.load(iter_resources(pg_store, pg_store.schema, held=True, page_size=7))
+    listed = iter_resources(pg_store, pg_store.schema, held=True, page_size=7)
+    model.load(item.state for item in listed)
     frame = text_of(model, height=20)
     assert len(frame.splitlines()) <= 20
     lines = lease_lines(frame)
