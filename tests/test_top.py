@@ -9,6 +9,7 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -451,15 +452,21 @@ def test_top_in_a_terminal_follows_claims_and_releases(
     assert "exit=0" in screen and "Traceback" not in screen
 
 
-def test_ctrl_c_leaves_the_view_cleanly(
-    tmux: Tmux, pg_store: PostgresStore, pg_dsn: str, schema: str
+@pytest.mark.parametrize("how", ["Ctrl-C", "SIGTERM"])
+def test_ctrl_c_and_sigterm_leave_the_view_cleanly(
+    how: str, tmux: Tmux, pg_store: PostgresStore, pg_dsn: str, schema: str
 ) -> None:
     rid = pg_store.ensure_resource("run", "kept")
     assert pg_store.claim(rid, A, 60) is not None
     start_top(tmux, pg_dsn, schema, "--type", "run", "--fps", "2")
     tmux.wait_for("run/kept", lambda s: (row_of(s, "run/kept") or [])[1:3] == ["host:a", "1"])
-    tmux("send-keys", "-t", "top", "C-c")
-    screen = tmux.wait_for("the exit status after Ctrl-C", lambda s: "exit=" in s)
+    if how == "Ctrl-C":
+        tmux("send-keys", "-t", "top", "C-c")
+    else:
+        shell = tmux("display-message", "-p", "-t", "top", "#{pane_pid}").strip()
+        [child] = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+        os.kill(int(child), signal.SIGTERM)
+    screen = tmux.wait_for(f"the exit status after {how}", lambda s: "exit=" in s)
     assert "exit=0" in screen and "Traceback" not in screen
     assert "run/kept" not in screen  # the view's screen is gone: the terminal is restored
 
