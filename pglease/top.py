@@ -191,10 +191,10 @@ class TopModel:
             if known is not None and known.expires_at == lease.expires_at:
                 row.checked_at = known.checked_at  # unchanged: not due again at once
             self.rows[state.id] = row
-        elif known is not None and known.state == "held":
-            # Ran out without an event so far (the reaper writes lease.expired later).
-            known.state, known.revision = "expired", state.revision
-            known.expires_at, known.freed_at = None, self.clock.monotonic()
+        elif known is not None and known.state == "held" and state.revision == known.revision:
+            # Ran out with no event since (the reaper writes lease.expired later).
+            # At a later revision, events are on their way and will say what it was.
+            known.state, known.expires_at, known.freed_at = "expired", None, self.clock.monotonic()
 
     def apply(self, event: Event) -> None:
         """One watch event."""

@@ -219,6 +219,23 @@ def test_a_lease_past_its_expiry_is_reread_once_a_second(
     assert "run/lapsed" not in text_of(model) and lapsed not in model.rows
 
 
+def test_a_reread_ahead_of_the_events_waits_for_them(pg_store: PostgresStore) -> None:
+    rid = pg_store.ensure_resource("run", "raced")
+    claim = pg_store.claim(rid, A, 30)
+    assert claim is not None
+    clock = FakeClock()
+    with pg_store.watch(after="now") as watcher:
+        model = model_at(pg_store, db_now(pg_store), clock)
+        model.load(item.state for item in iter_resources(pg_store, pg_store.schema, held=True))
+        pg_store.release(claim)
+        # Read before the watcher's event is applied: not held, at a later revision.
+        model.apply_state(pg_store.get(rid))
+        assert model.rows[rid].state == "held"  # not guessed "expired": events will tell
+        [event] = next_events(watcher, 1)
+    model.apply(event)
+    assert (model.rows[rid].state, model.rows[rid].revision) == ("released", event.revision)
+
+
 def test_the_status_line_tells_failing_reads_and_logged_warnings() -> None:
     clock = FakeClock()
     model = TopModel(clock=clock)
