@@ -49,10 +49,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="A live terminal view of the held leases, sorted by expiry, refreshed from"
         " a watcher. Time left is judged by the database clock. q or Ctrl-C quits.",
     )
-    p.add_argument("--type", help="only resources of this type")
+    p.add_argument("--type", metavar="T", help="only resources of this type")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument(
-        "--fps", type=_fps, default=DEFAULT_FPS, help="frames per second at most (default 4)"
+        "--fps",
+        type=_fps,
+        default=DEFAULT_FPS,
+        metavar="N",
+        help="frames per second at most (default 4, between 0.1 and 10)",
     )
     p.set_defaults(func=cmd_top)
 

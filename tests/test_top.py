@@ -329,6 +329,8 @@ def test_errors_are_one_line_and_reading_never_migrates(pg_dsn: str) -> None:
     assert len(out.stderr.splitlines()) == 1 and "secret" not in out.stderr
     out = cli(pg_dsn, missing, "top", "--fps", "0")
     assert out.returncode == 2 and "--fps" in out.stderr
+    out = cli(pg_dsn, "pglease", "top", "--once", "--type", "Not A Type")
+    assert out.returncode == 2 and "resource type 'Not A Type'" in out.stderr
     # Usage before anything connects: no terminal for the live view, or --json.
     out = cli(gone, "pglease", "top")
     assert out.returncode == 2 and "stdout is not one: --once" in out.stderr
