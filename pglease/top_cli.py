@@ -28,6 +28,7 @@ from .errors import DatabaseUnavailableError
 from .listing import iter_resources
 from .postgres import PostgresStore
 from .postgres._core import driver_error
+from .validation import check_resource_type
 
 if TYPE_CHECKING:  # rich is imported when the view runs, not by every CLI command
     from rich.console import Console
@@ -78,6 +79,8 @@ def cmd_top(args: argparse.Namespace) -> int:
             " --held)",
             EXIT_USAGE,
         )
+    if args.type is not None:
+        check_resource_type(args.type)  # bad input: refused before anything connects
     if not args.once and not sys.stdout.isatty():
         return fail(
             "top draws on a terminal and stdout is not one: --once prints one frame", EXIT_USAGE
