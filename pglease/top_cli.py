@@ -14,9 +14,7 @@ import logging
 import os
 import select
 import sys
-import termios
 import time
-import tty
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -155,6 +153,10 @@ class _Keys:
         self._saved: list[Any] | None = None
 
     def __enter__(self) -> _Keys:
+        # Here, not at module level: `pglease` imports this module for every command.
+        import termios
+        import tty
+
         # No terminal on stdin (a pipe, a closed stdin): the view runs without keys.
         with contextlib.suppress(AttributeError, ValueError, OSError, termios.error):
             fd = sys.stdin.fileno()
@@ -166,6 +168,8 @@ class _Keys:
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None and self._saved is not None:
+            import termios
+
             termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
 
     def pressed(self) -> Iterator[str]:
