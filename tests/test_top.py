@@ -472,6 +472,42 @@ def test_top_in_a_terminal_follows_claims_and_releases(
     assert "exit=0" in screen and "Traceback" not in screen
 
 
+def test_a_heartbeat_kept_lease_stays_held_on_screen(
+    tmux: Tmux, pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    start_top(tmux, pg_dsn, schema)
+    seen: list[str] = []
+
+    def left(s: str) -> float | None:
+        seen.append(s)
+        row = row_of(s, "run/beating")
+        if row is None or row[3] == "-":
+            return None
+        return float(row[3].rstrip("s"))
+
+    # Heartbeats write no event: only the view's re-read at the known expiry
+    # can tell that the keeper extended the lease.
+    with pg_store.hold("run", "beating", Owner("host", "keeper"), ttl=3, timeout=0) as lease:
+        tmux.wait_for("run/beating held", lambda s: left(s) is not None)
+        low = 10.0
+
+        def extended(s: str) -> bool:
+            nonlocal low
+            now = left(s)
+            if now is None:
+                return False
+            low = min(low, now)
+            return now > low + 0.5  # its time left went up again
+
+        tmux.wait_for("the lease extended on screen", extended)
+        lease.check()
+    rows = [row_of(s, "run/beating") for s in seen]
+    first = next(i for i, r in enumerate(rows) if r is not None)
+    # From its first frame on, every frame showed it held by the keeper.
+    assert all(r is not None and r[1:3] == ["host:keeper", "1"] for r in rows[first:])
+    assert all("held" in r and "expired" not in r for r in rows[first:] if r is not None)
+
+
 @pytest.mark.parametrize("how", ["Ctrl-C", "SIGTERM"])
 def test_ctrl_c_and_sigterm_leave_the_view_cleanly(
     how: str, tmux: Tmux, pg_store: PostgresStore, pg_dsn: str, schema: str
