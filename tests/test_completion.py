@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -143,3 +146,66 @@ def test_an_unknown_shell_is_a_usage_error(tmp_path: Path) -> None:
     out = completion("fish", tmp_path)
     assert out.returncode == 2 and out.stdout == ""
     assert "invalid choice: 'fish'" in out.stderr
+
+
+# -- as a person types it: Tab in an interactive shell, in a real terminal (tmux) ------
+
+
+def _typed(tmp_path: Path, shell: list[str], setup: str, typed: str, want: str) -> str:
+    """Start `shell` in tmux, run `setup`, type `typed` and Tab; the pane once it shows `want`."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (.ci/run installs it on Debian)")
+    socket = str(tmp_path / "s")
+
+    def tmux(*args: str) -> str:
+        return subprocess.run(
+            ["tmux", "-S", socket, *args], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+
+    env = ["env", "-i", f"HOME={tmp_path}", "TERM=xterm", "PATH=/usr/bin:/bin"]
+    tmux("new-session", "-d", "-s", "sh", "-x", "120", "-y", "20", shlex.join(env + shell))
+    try:
+        tmux("send-keys", "-t", "sh", setup + "; echo ready", "Enter")
+        _wait(lambda: "\nready" in tmux("capture-pane", "-p", "-t", "sh"), "the setup")
+        tmux("send-keys", "-t", "sh", typed, "Tab")
+        pane = ""
+
+        def shown() -> bool:
+            nonlocal pane
+            pane = tmux("capture-pane", "-p", "-t", "sh")
+            return want in pane
+
+        _wait(shown, f"{want!r} after typing {typed!r} and Tab", lambda: pane)
+        return pane
+    finally:
+        subprocess.run(["tmux", "-S", socket, "kill-server"], capture_output=True, timeout=30)
+
+
+def _wait(ok: Callable[[], bool], what: str, pane: Callable[[], str] = str) -> None:
+    deadline = time.monotonic() + 60
+    while not ok():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited 60 s for {what}; the pane shows:\n{pane()}")
+        time.sleep(0.1)
+
+
+def test_tab_completes_in_an_interactive_bash(bash_script: Path, tmp_path: Path) -> None:
+    setup = f"PS1='$ '; source {bash_script}"
+    shell = ["bash", "--norc", "--noprofile", "-i"]
+    pane = _typed(tmp_path, shell, setup, "pglease to", "$ pglease top")
+    assert "$ pglease top" in pane
+
+
+def test_tab_completes_in_an_interactive_zsh(tmp_path: Path) -> None:
+    if shutil.which("zsh") is None:
+        pytest.skip("zsh is not installed")
+    out = completion("zsh", tmp_path)
+    assert out.returncode == 0, out.stderr
+    fpath = tmp_path / "zfunc"
+    fpath.mkdir()
+    (fpath / "_pglease").write_text(out.stdout)
+    setup = (
+        f"PROMPT='$ '; fpath=({fpath} $fpath); autoload -Uz compinit; compinit -u -d {tmp_path}/zcd"
+    )
+    pane = _typed(tmp_path, ["zsh", "-f", "-i"], setup, "pglease cl", "$ pglease claim")
+    assert "$ pglease claim" in pane
