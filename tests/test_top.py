@@ -110,7 +110,7 @@ def test_listing_sorted_by_expiry_with_time_left_by_the_database_clock(
     assert "3 held" in header and f"schema {pg_store.schema}" in header
 
 
-def test_the_offset_is_measured_against_the_host_clock(pg_store: PostgresStore) -> None:
+def test_the_offset_is_measured_against_the_host_clock() -> None:
     clock = FakeClock()
     model = TopModel(clock=clock)
     at = datetime(2030, 1, 1, tzinfo=UTC)
