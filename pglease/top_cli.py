@@ -15,7 +15,7 @@ import os
 import select
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -37,6 +37,8 @@ __all__ = ["register", "run", "warnings_to"]
 
 #: Frames per second at most, by default.
 DEFAULT_FPS = 4.0
+#: Seconds between readings of the database clock (its offset to the host's).
+CLOCK_REMEASURE = 60.0
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -217,6 +219,7 @@ def run(
             Live(console=console, screen=True, auto_refresh=False, redirect_stderr=False) as live,
         ):
             next_frame = 0.0
+            measured = time.monotonic()
             while True:
                 wait = max(0.0, next_frame - time.monotonic())
                 for event in watcher.get_batch(timeout=min(wait, period)):
@@ -225,20 +228,33 @@ def run(
                     return
                 if time.monotonic() < next_frame:
                     continue
-                _recheck(store, model)
+                if time.monotonic() - measured >= CLOCK_REMEASURE:
+                    # The host clock may have been stepped or slewed (NTP) since.
+                    measured = time.monotonic()
+                    _quietly(model, lambda: measure_db_clock(store, model))
+                _quietly(model, lambda: _recheck(store, model))
                 model.set_health(watcher.health)
                 live.update(model.render(console.size.height), refresh=True)
                 next_frame = time.monotonic() + period
 
 
-def _recheck(store: PostgresStore, model: TopModel) -> None:
-    """Re-read the leases past their known expiry (a heartbeat may have extended them)."""
-    for rid in model.due_rechecks():
-        try:
-            model.apply_state(store.get(rid))
-        except DatabaseUnavailableError as exc:
-            # Shown on screen and tried again next second; the watcher's own
-            # retry window decides when the view gives up.
-            model.read_error = str(exc)
-            return
-    model.read_error = None
+def _recheck(store: PostgresStore, model: TopModel) -> bool:
+    """Re-read the leases past their known expiry (a heartbeat may have extended
+    them); whether there was any."""
+    due = model.due_rechecks()
+    for rid in due:
+        model.apply_state(store.get(rid))
+    return bool(due)
+
+
+def _quietly(model: TopModel, read: Callable[[], object]) -> None:
+    """Run one of the view's own reads (`read` returns False when it had nothing
+    to read); a lost server is shown on screen until a read succeeds (it is
+    tried again later): the watcher's retry window decides when the view gives up."""
+    try:
+        did_read = read() is not False
+    except DatabaseUnavailableError as exc:
+        model.read_error = str(exc)
+    else:
+        if did_read:
+            model.read_error = None

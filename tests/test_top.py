@@ -29,7 +29,7 @@ from pglease.fleet._sql import heartbeat_args
 from pglease.listing import iter_resources
 from pglease.migrations import grant
 from pglease.top import FREED_LINGER, RECHECK_INTERVAL, WARNING_SHOWN, TopModel
-from pglease.top_cli import warnings_to
+from pglease.top_cli import _quietly, _recheck, warnings_to
 from pglease.watch import Watcher, WatchHealth
 
 A = Owner("host", "a")
@@ -234,6 +234,26 @@ def test_a_reread_ahead_of_the_events_waits_for_them(pg_store: PostgresStore) ->
         [event] = next_events(watcher, 1)
     model.apply(event)
     assert (model.rows[rid].state, model.rows[rid].revision) == ("released", event.revision)
+
+
+def test_a_failed_reread_is_shown_until_one_succeeds(pg_dsn: str, schema: str) -> None:
+    store = PostgresStore(pg_dsn, schema=schema)
+    rid = store.ensure_resource("run", "unread")
+    assert store.claim(rid, A, 30) is not None
+    clock = FakeClock()
+    model = model_at(store, db_now(store), clock)
+    model.load(item.state for item in iter_resources(store, schema, held=True))
+    clock.advance(31)
+    store.close()
+    _quietly(model, lambda: _recheck(store, model))  # the store is gone: StoreClosedError
+    assert model.read_error is not None and "closed" in model.read_error
+    assert text_of(model).splitlines()[1].startswith("re-read failed: ")
+    _quietly(model, lambda: _recheck(store, model))  # nothing due (within a second)
+    assert model.read_error is not None
+    with PostgresStore(pg_dsn, schema=schema) as again:
+        clock.advance(RECHECK_INTERVAL)
+        _quietly(model, lambda: _recheck(again, model))
+    assert model.read_error is None and model.rows[rid].state == "held"
 
 
 def test_the_status_line_tells_failing_reads_and_logged_warnings() -> None:
