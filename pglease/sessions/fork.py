@@ -172,9 +172,12 @@ def plan_fork(
         put("lane.leaf", lane, dump_json(lane_leaf))
         put("lane.state", lane, IDLE_LANE_STATE_JSON)
     copied_ids = {e.id for e in copied}
+    # A tree fork keeps the source's seq order (the harness copies its registers
+    # in seq order); a branch fork writes each fact namespace in key order.
+    order = (lambda r: r.seq) if scope == "tree" else (lambda r: r.key)
     for namespace in ("fact.name", "fact.custom", "fact.label"):
         for register in sorted(
-            (r for r in snapshot.registers if r.namespace == namespace), key=lambda r: r.seq
+            (r for r in snapshot.registers if r.namespace == namespace), key=order
         ):
             if namespace == "fact.label" and register.key not in copied_ids:
                 continue
