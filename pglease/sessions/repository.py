@@ -89,8 +89,9 @@ _TEMP_NAME = re.compile(r"\.(.*)\.[0-9a-f]{16}\.tmp(?:-wal|-shm)?", re.DOTALL)
 #: A temp file untouched this long is a crash leftover, not a fork in progress
 #: (building a file rewrites it continuously; publishing follows at once).
 STALE_TEMP_MS = 60_000
-# Room left for the id in a temp name: "." + id + "." + 16 hex + ".tmp-wal".
-_TEMP_ID_BYTES = MAX_NAME_BYTES - len("..") - 16 - len(TEMP_SUFFIX) - len("-wal")
+# Room left for the id in a temp name: "." + id + "." + 16 hex + ".tmp-journal"
+# (SQLite makes a rollback journal while the new file switches to WAL).
+_TEMP_ID_BYTES = MAX_NAME_BYTES - len("..") - 16 - len(TEMP_SUFFIX) - len("-journal")
 
 
 def temp_name(session_id: str) -> str:
