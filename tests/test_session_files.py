@@ -150,9 +150,7 @@ def test_schema_matches_spec(repo: SessionRepository) -> None:
 
 
 def test_schema_module_is_the_spec_text() -> None:
-    spec_file = Path("/work/shared/SESSION_FORMAT.md")
-    if not spec_file.exists():
-        pytest.skip("SESSION_FORMAT.md not available")
+    spec_file = Path(__file__).resolve().parent.parent / "pglease" / "sessions" / "FORMAT.md"
     block = re.search(r"```sql\n(.*?)```", spec_file.read_text(), re.S)
     assert block is not None
     assert block.group(1) == SCHEMA_SQL

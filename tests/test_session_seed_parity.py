@@ -639,3 +639,23 @@ def test_a_leased_write_records_its_owner_and_refuses_another_actor(backend: Bac
     s.mutate(Permit(rid, s.get(rid).revision), "run.z", actor=Owner("system", "b"))
     last = s.events(rid)[-1]
     assert last.actor == Owner("system", "b") and last.lease_generation is None
+
+
+# --- the format document ships with the package ----------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_session_docs_link_inside_the_repository() -> None:
+    import importlib.resources
+
+    shipped = importlib.resources.files("pglease.sessions") / "FORMAT.md"
+    assert shipped.is_file() and "## Schema" in shipped.read_text(encoding="utf-8")
+    for readme in (ROOT / "README.md", ROOT / "pglease" / "sessions" / "README.md"):
+        text = readme.read_text(encoding="utf-8")
+        assert "/work/" not in text
+        links = re.findall(r"\]\(([^)#:]+)\)", text)
+        assert links, readme
+        for link in links:
+            target = (readme.parent / link).resolve()
+            assert target.is_file() and ROOT in target.parents, (readme, link)
