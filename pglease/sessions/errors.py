@@ -21,7 +21,7 @@ class SessionError(PgleaseError):
 
 
 class InvalidSessionIdError(SessionError, ValidationError):
-    """A session id is empty or not a safe file name."""
+    """A session id is not a usable file name (empty, `.`/`..`, `/` or NUL, too long)."""
 
 
 class InvalidSessionWriteError(SessionError, ValidationError):
