@@ -269,6 +269,22 @@ def test_mixed_key_types_cannot_be_sorted() -> None:
     assert dump_json({1: "a", "b": 2.5}) == '{"1":"a","b":2.5}'  # unsorted: as json.dumps
 
 
+def test_strings_are_escaped_as_json_stringify_does() -> None:
+    text = '\x00\x1f\b\t\n\f\r"\\/\u2028\x7fé🙂'
+    expected = '"\\u0000\\u001f\\b\\t\\n\\f\\r\\"\\\\/\u2028\x7fé🙂"'
+    assert dumps(text) == dumps([text, 1.5])[1:-5] == expected
+
+
+def test_too_deep_session_json_is_a_typed_refusal() -> None:
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(InvalidSessionWriteError, match="deep"):
+        dump_json(deep)  # used to escape as a raw RecursionError
+    with pytest.raises(InvalidSessionWriteError, match="deep"):
+        dump_json([deep, 1.5])
+
+
 def test_cycles_with_floats_are_refused() -> None:
     loop: list[Any] = [1.5]
     loop.append(loop)
