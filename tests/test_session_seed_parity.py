@@ -550,7 +550,7 @@ def _leftover(directory: Path, session_id: str, age_ms: int, sides: tuple[str, .
 
 
 def test_opening_removes_stale_temp_files_and_keeps_fresh_ones(tmp_path: Path) -> None:
-    stale = _leftover(tmp_path, "crashed", STALE_TEMP_MS + 1000, ("-wal", "-shm"))
+    stale = _leftover(tmp_path, "crashed", STALE_TEMP_MS + 1000, ("-wal", "-shm", "-journal"))
     fresh = _leftover(tmp_path, "running", STALE_TEMP_MS - 1000)
     # a fork in progress writes its -wal, not the main file: the newest one counts
     busy = _leftover(tmp_path, "busy", STALE_TEMP_MS * 5)
@@ -558,7 +558,7 @@ def test_opening_removes_stale_temp_files_and_keeps_fresh_ones(tmp_path: Path) -
     os.utime(Path(str(busy) + "-wal"), (NOW_MS / 1000, NOW_MS / 1000))
     files = SessionRepository(tmp_path, renew_interval=None, now_ms=lambda: NOW_MS)
     assert sorted(p.name for p in files.removed_temp_files) == sorted(
-        [stale.name, stale.name + "-wal", stale.name + "-shm"]
+        [stale.name, stale.name + "-wal", stale.name + "-shm", stale.name + "-journal"]
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [fresh.name, busy.name, busy.name + "-wal"]

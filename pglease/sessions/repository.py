@@ -85,9 +85,9 @@ def check_session_id(session_id: object) -> str:
 
 #: `.<id>.<16 hex>.tmp`: a file being built by create/fork, published under its
 #: final name when complete. One left behind means that call crashed.
-_TEMP_NAME = re.compile(r"\.(.*)\.[0-9a-f]{16}\.tmp(?:-wal|-shm)?", re.DOTALL)
-#: A temp file untouched this long is a crash leftover, not a fork in progress
-#: (building a file rewrites it continuously; publishing follows at once).
+_TEMP_NAME = re.compile(r"\.(.*)\.[0-9a-f]{16}\.tmp(?:-wal|-shm|-journal)?", re.DOTALL)
+#: A temp group untouched this long is a crash leftover, not a fork in progress
+#: (a build keeps writing its file or its -wal; publishing follows at once).
 STALE_TEMP_MS = 60_000
 # Room left for the id in a temp name: "." + id + "." + 16 hex + ".tmp-journal"
 # (SQLite makes a rollback journal while the new file switches to WAL).
@@ -253,7 +253,7 @@ class SessionRepository:
             self.removed_temp_files = self._remove_stale_temp_files()
 
     def stale_temp_files(self) -> list[Path]:
-        """Temp files (and their -wal/-shm) of creates/forks that did not finish:
+        """Temp files (and their -wal/-shm/-journal) of creates/forks that did not finish:
         leftovers of a crash, never sessions. A group is stale when none of its
         files was touched for `STALE_TEMP_MS` (a fork in progress writes its
         -wal, not the main file, so the newest of the three counts)."""
@@ -275,7 +275,7 @@ class SessionRepository:
                 continue  # published or removed meanwhile
             except OSError as exc:
                 raise SessionFileError(f"cannot inspect temp file {path}: {exc}") from exc
-            base = name.removesuffix("-wal").removesuffix("-shm")
+            base = name.removesuffix("-wal").removesuffix("-shm").removesuffix("-journal")
             groups.setdefault(base, []).append((path, mtime_ms))
         stale: list[Path] = []
         for members in groups.values():
