@@ -529,6 +529,10 @@ def test_cli_shows_and_lists_such_ids(
     with pg_repo.create("notes 2026@host") as s:
         s.append_message(None, msg("hi"))
     assert run_json(pg_dsn, schema, "show", "notes 2026@host")["id"] == "notes 2026@host"
+    pg_repo.create("-dash").close()
+    done = run(pg_dsn, schema, "show", "--json", "--", "-dash")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["id"] == "-dash"
     files = SessionRepository(tmp_path, renew_interval=None)
     files.create("local notes@host").close()
     listing = run_json(pg_dsn, schema, "ls", "--dir", str(tmp_path))
