@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import IO
 
 import psycopg
@@ -26,10 +27,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from pglease import AcquireTimeoutError, LeaseLostError, Owner, PostgresStore, metrics
+from pglease import (
+    AcquireTimeoutError,
+    AsyncPostgresStore,
+    LeaseLostError,
+    Owner,
+    PostgresStore,
+    SqliteStore,
+    metrics,
+)
 from pglease.clock import FakeClock
 from pglease.errors import MetricsError, PgleaseError, ValidationError
-from pglease.fleet import Keeper, Timing, acquire, hold
+from pglease.fleet import Keeper, Timing, acquire, hold, hold_async
 from pglease.watch import prune, reap_once
 
 A = Owner("host", "a")
@@ -114,6 +123,51 @@ def test_claims_renewals_and_releases_by_outcome(
     assert delta.of("pglease_renewals_total", source="store", outcome="lost") == 1
     assert delta.of("pglease_releases_total", outcome="released") == 1
     assert delta.of("pglease_releases_total", outcome="lost") == 1
+
+
+async def test_asyncio_store_and_hold_async(
+    apg_store: AsyncPostgresStore, endpoint: metrics.MetricsServer
+) -> None:
+    delta = Delta(endpoint.url)
+    rid = await apg_store.ensure_resource("run", "async")
+    claim = await apg_store.claim(rid, A, 30)
+    assert claim is not None
+    assert await apg_store.claim(rid, B, 30) is None
+    claim = await apg_store.renew(claim, 30)
+    await apg_store.release(claim)
+    with pytest.raises(LeaseLostError):
+        await apg_store.release(claim)
+    async with hold_async(apg_store, "run", "async", A, TTL):
+        assert value(scrape(endpoint.url), "pglease_leases_held") >= 1
+    delta()
+    assert delta.of("pglease_claims_total", outcome="claimed") == 2  # the claim, the hold
+    assert delta.of("pglease_claims_total", outcome="held") == 1
+    assert delta.of("pglease_renewals_total", source="store", outcome="renewed") == 1
+    assert delta.of("pglease_releases_total", outcome="released") == 2
+    assert delta.of("pglease_releases_total", outcome="lost") == 1
+    assert delta.of("pglease_acquire_wait_seconds_count", outcome="acquired") == 1
+
+
+def test_sqlite_store_counts_too(tmp_path: Path, endpoint: metrics.MetricsServer) -> None:
+    delta = Delta(endpoint.url)
+    with SqliteStore(str(tmp_path / "leases.sqlite")) as store:
+        rid = store.ensure_resource("run", "lite")
+        claim = store.claim(rid, A, 30)
+        assert claim is not None
+        assert store.claim(rid, B, 30) is None
+        claim = store.renew(claim, 30)
+        store.release(claim)
+        with pytest.raises(LeaseLostError):
+            store.renew(claim, 30)
+        with pytest.raises(ValidationError):
+            store.claim(rid, A, 0)
+    delta()
+    assert delta.of("pglease_claims_total", outcome="claimed") == 1
+    assert delta.of("pglease_claims_total", outcome="held") == 1
+    assert delta.of("pglease_claims_total", outcome="error") == 0
+    assert delta.of("pglease_renewals_total", source="store", outcome="renewed") == 1
+    assert delta.of("pglease_renewals_total", source="store", outcome="lost") == 1
+    assert delta.of("pglease_releases_total", outcome="released") == 1
 
 
 def test_a_claim_on_a_locked_row_counts_as_busy(
