@@ -403,7 +403,7 @@ def test_hold_cli_serves_its_metrics(pg_store: PostgresStore) -> None:
     its claim and its keeper's renewals are scraped from its endpoint."""
     script = "import sys; print('up', flush=True); sys.stdin.read()"
     command = _cli(pg_store.dsn, pg_store.schema, "hold", "job", "m", "--owner", "host:cli",
-                   "--ttl", "3", "--metrics-port", "0", "--",
+                   "--ttl", "6", "--metrics-port", "0", "--",
                    sys.executable, "-c", script)  # fmt: skip
     proc = subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -417,7 +417,7 @@ def test_hold_cli_serves_its_metrics(pg_store: PostgresStore) -> None:
         samples = scrape(url)
         assert value(samples, "pglease_leases_held") == 1
         assert value(samples, "pglease_claims_total", outcome="claimed") == 1
-        # ttl 3 s: the keeper renews every second.
+        # ttl 6 s: the keeper renews every 2 s.
         _eventually(
             lambda: (
                 value(scrape(url), "pglease_renewals_total", source="keeper", outcome="renewed")
