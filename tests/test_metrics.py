@@ -223,6 +223,30 @@ def test_heartbeats_lateness_and_leases_held(
     assert value(scrape(endpoint.url), "pglease_leases_held") == held_before
 
 
+def test_a_failed_heartbeat_is_counted(
+    pg_store: PostgresStore, clock: FakeClock, keeper: Keeper, endpoint: metrics.MetricsServer
+) -> None:
+    with hold(pg_store, "run", "cut", A, TTL, keeper=keeper) as lease:
+        delta = Delta(endpoint.url)
+        # End the keeper's server process: its next beat fails, the retry reconnects.
+        with psycopg.connect(pg_store.dsn, autocommit=True) as conn:
+            ended = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                [f"pglease-keeper-{pg_store.schema}"],
+            ).fetchone()
+        assert ended == (1,)
+        clock.advance(TIMING.interval)
+        _eventually(lambda: keeper.stats.errors == 1)
+        clock.advance(1)  # the retry is due a moment later on the clock
+        _eventually(lambda: lease.renewals == 1)
+        delta()
+    assert delta.of("pglease_heartbeat_errors_total") == 1
+    assert delta.of("pglease_heartbeat_duration_seconds_count") == 1
+    assert delta.of("pglease_renewals_total", source="keeper", outcome="renewed") == 1
+    assert delta.of("pglease_leases_lost_total", cause="trust_window") == 0
+
+
 def test_losses_are_counted_by_cause(
     pg_store: PostgresStore, clock: FakeClock, keeper: Keeper, endpoint: metrics.MetricsServer
 ) -> None:
