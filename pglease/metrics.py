@@ -79,9 +79,11 @@ class _PrometheusRecorder(_instrument.Recorder):
             (s, o): renewals.labels(s, o) for s in RENEWAL_SOURCES for o in RENEWAL_OUTCOMES
         }
         releases = Counter(
-            "pglease_releases", "Releases through the store API by outcome", ["outcome"],
+            "pglease_releases",
+            "Releases through the store API by outcome",
+            ["outcome"],
             registry=r,
-        )  # fmt: skip
+        )
         self._releases = {o: releases.labels(o) for o in RELEASE_OUTCOMES}
         self._beat = Histogram(
             "pglease_heartbeat_duration_seconds",
@@ -90,9 +92,10 @@ class _PrometheusRecorder(_instrument.Recorder):
             registry=r,
         )
         self._beat_errors = Counter(
-            "pglease_heartbeat_errors", "Keeper heartbeats that failed and were retried",
+            "pglease_heartbeat_errors",
+            "Keeper heartbeats that failed and were retried",
             registry=r,
-        )  # fmt: skip
+        )
         self._late = Histogram(
             "pglease_heartbeat_lateness_seconds",
             "How long after its planned time a keeper heartbeat started",
