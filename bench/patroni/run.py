@@ -29,12 +29,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import platform
 import random
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +61,25 @@ from tests.test_failover import SCHEMA, Load, check_synchronous_failover, log_of
 
 PATRONI_SPEC = "patroni[etcd3,psycopg3]==4.1.5"
 SCOPE = "pglease-bench"
+
+
+class CountingHandler(logging.Handler):
+    """Counts the library log records by logger; prints them only with --verbose.
+
+    The pool and the watcher log every failed connection attempt during the
+    outage (dozens of multi-line records): the count is what the report needs.
+    """
+
+    def __init__(self, verbose: bool) -> None:
+        super().__init__(logging.WARNING)
+        self.verbose = verbose
+        self.counts: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        key = f"{record.name} {record.levelname}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if self.verbose:
+            print(self.format(record), file=sys.stderr)
 
 
 def log(msg: str) -> None:
@@ -115,7 +136,7 @@ def free_ports(n: int) -> list[int]:
     ports: set[int] = set()
     while len(ports) < n:
         port = random.randint(20000, 60000)
-        with contextlib.suppress(OSError), __import__("socket").socket() as sock:
+        with contextlib.suppress(OSError), socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
             ports.add(port)
     return sorted(ports)
@@ -394,13 +415,19 @@ class Pair:
             )
             return (leader[0], sync[0]) if rows else None
 
-        return wait_for("a leader and a streaming sync standby", ready, timeout)
+        found = wait_for("a leader and a streaming sync standby", ready, timeout)
+        assert found is not None  # wait_for returns only a truthy value
+        return found
 
     def close(self) -> None:
         for node in self.nodes:
             with contextlib.suppress(Exception):
                 node.kill()
         self.etcd.kill()
+        if self.args.keep_logs is not None:
+            self.args.keep_logs.mkdir(parents=True, exist_ok=True)
+            for path in self.base.glob("*.log"):
+                shutil.copy(path, self.args.keep_logs / path.name)
         shutil.rmtree(self.base, ignore_errors=True)
 
 
@@ -462,7 +489,56 @@ class Timeline:
         return best
 
 
-def run(p: Pair, args: argparse.Namespace) -> bool:
+def rejoin_method(node: PatroniNode, offset: int) -> str:
+    """What the restarted node's Patroni log (from `offset`) says it did to follow."""
+    with open(node.log, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    diverged = next((ln.split("stderr=")[-1] for ln in lines if "servers diverged" in ln), None)
+    rebuilt = any("removing data directory" in ln.lower() for ln in lines)
+    if any("pg_rewind exit code=0" in ln for ln in lines):
+        how = f"pg_rewind ({diverged})" if diverged else "pg_rewind"
+    elif rebuilt:
+        how = "a new base backup (data directory removed)"
+    else:
+        how = "crash recovery, then streaming from the new leader (no rewind needed)"
+    return how + ("; then a new base backup" if rebuilt and how.startswith("pg_rewind") else "")
+
+
+def observe_alone(primary: PatroniNode, load: Load, seconds: float) -> dict[str, Any]:
+    """Samples the new primary for `seconds` while it has no standby.
+
+    In strict mode Patroni keeps `synchronous_standby_names` set (to `*`), so
+    commits wait on `SyncRep` and callers block; in non-strict mode it clears it
+    and the primary takes writes standalone.
+    """
+    log(f"{primary.name} alone for {seconds:g} s before the old node comes back")
+    names = primary.query("SHOW synchronous_standby_names")[0][0]
+    acked = load.acked()
+    most = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(psycopg.Error):
+            rows = primary.query(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'"
+            )
+            most = max(most, int(rows[0][0]))
+        time.sleep(0.2)
+    # What the store's connections are doing at the end of the window.
+    backends = primary.query(
+        "SELECT coalesce(wait_event, state), count(*) FROM pg_stat_activity"
+        " WHERE application_name = %s GROUP BY 1 ORDER BY 1",
+        [f"pglease-{SCHEMA}"],
+    )
+    return {
+        "synchronous_standby_names on the new primary alone": repr(names),
+        "store backends on the new primary at the end": dict(backends),
+        f"claims acknowledged in those {seconds:g} s": load.acked() - acked,
+        "most backends waiting on SyncRep meanwhile": most,
+    }
+
+
+def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
     leader, standby = p.wait_sync_pair(60)
     log(f"leader {leader.name} (:{leader.port}), sync standby {standby.name} (:{standby.port})")
     # The store settings of tests/test_failover.py: calls during the outage fail
@@ -505,13 +581,19 @@ def run(p: Pair, args: argparse.Namespace) -> bool:
                 lambda: p.roles().get(standby.name) == "leader",
                 30,
             )
+            # The new primary alone for a while, as when a dead machine takes
+            # time to come back: what do the callers see meanwhile?
+            alone = observe_alone(standby, load, args.rejoin_delay)
+            report.update(alone)
             # The dead machine comes back: its Patroni rewinds it and follows.
             log(f"restarting {leader.name}'s Patroni")
             t_restart = time.monotonic()
+            offset = leader.log.stat().st_size
             leader.start_patroni(p.patroni)
             new_leader, new_sync = p.wait_sync_pair(args.ttl * 3 + 180)
             t_rejoined = time.monotonic()
             assert new_leader is standby and new_sync is leader, "the roles did not swap"
+            report["how the old node rejoined"] = rejoin_method(leader, offset)
             log(f"{leader.name} is the sync standby again after {t_rejoined - t_kill:.1f} s")
             # The same store object, with no help: its pool reconnects through the
             # multi-host DSN to the server that now accepts writes.
@@ -557,6 +639,7 @@ def run(p: Pair, args: argparse.Namespace) -> bool:
             "claims acknowledged (before kill / total)": f"{before} / {len(load.claims)}",
             "fenced writes acknowledged": len(load.writes),
             "events on the new primary / delivered": f"{len(log_rows)} / {len(delivered)}",
+            "log records (WARNING and up) by logger": dict(records.counts),
         }
     )
     ok = True
@@ -617,7 +700,19 @@ def main() -> int:
         default=5,
         help="Patroni's retry_timeout (s); loop_wait + 2 * retry_timeout <= ttl",
     )
+    parser.add_argument(
+        "--rejoin-delay",
+        type=float,
+        default=10,
+        help="seconds between the promotion and the old node's restart",
+    )
     parser.add_argument("--threads", type=int, default=4, help="load threads")
+    parser.add_argument(
+        "--keep-logs", type=Path, help="copy the etcd and Patroni logs to this directory"
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="print the store's and the pool's log records"
+    )
     parser.add_argument(
         "--claims",
         type=int,
@@ -643,9 +738,11 @@ def main() -> int:
         f"synchronous_mode: true, synchronous_mode_strict: {str(args.strict).lower()},"
         f" ttl {args.ttl}, loop_wait {args.loop_wait}, retry_timeout {args.retry_timeout}"
     )
+    records = CountingHandler(args.verbose)
+    logging.getLogger().addHandler(records)
     started = time.monotonic()
     with pair(args, etcd_bin, patroni) as p:
-        ok = run(p, args)
+        ok = run(p, args, records)
     log(f"done in {time.monotonic() - started:.0f} s; everything stopped and removed")
     return 0 if ok else 1
 
