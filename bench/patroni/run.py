@@ -74,10 +74,14 @@ class CountingHandler(logging.Handler):
         super().__init__(logging.WARNING)
         self.verbose = verbose
         self.counts: dict[str, int] = {}
+        #: Wall-clock times of the pool's failed connection attempts.
+        self.pool_failures: list[float] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         key = f"{record.name} {record.levelname}"
         self.counts[key] = self.counts.get(key, 0) + 1
+        if record.name.startswith("psycopg.pool") and "error connecting" in record.getMessage():
+            self.pool_failures.append(record.created)
         if self.verbose:
             print(self.format(record), file=sys.stderr)
 
@@ -566,7 +570,7 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
             delivered.extend(watcher.get_batch(timeout=5))
 
             log(f"SIGKILL of the leader {leader.name}: its Patroni and every postgres process")
-            t_kill = time.monotonic()
+            t_kill, t_kill_wall = time.monotonic(), time.time()
             leader.kill()
             before = load.acked()
             wait_for(
@@ -640,6 +644,11 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
             "fenced writes acknowledged": len(load.writes),
             "events on the new primary / delivered": f"{len(log_rows)} / {len(delivered)}",
             "log records (WARNING and up) by logger": dict(records.counts),
+            # psycopg_pool spaces its reconnection attempts out exponentially:
+            # the first claim on the new primary waits for the next attempt.
+            "the pool's failed connection attempts (s after the kill)": [
+                round(t - t_kill_wall, 1) for t in records.pool_failures if t >= t_kill_wall
+            ],
         }
     )
     ok = True
