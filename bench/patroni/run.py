@@ -459,7 +459,6 @@ class Timeline:
     """Samples of what the callers were told, every 50 ms, from a thread."""
 
     load: Load
-    t0: float = field(default_factory=time.monotonic)
     samples: list[tuple[float, int, dict[str, int]]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -556,7 +555,7 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
         statement_timeout=10,
         lock_timeout=5,
     )
-    report: dict[str, Any] = {}
+    checks: dict[str, Any] = {}
     delivered: list[Event] = []
     with store:
         rids = [store.ensure_resource("job", f"k{i}") for i in range(4)]
@@ -566,96 +565,105 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
             sampler = threading.Thread(target=timeline.run, daemon=True)
             sampler.start()
             load.start(args.threads)
-            wait_for(f"{args.claims} acknowledged claims", lambda: load.acked() >= args.claims, 60)
-            delivered.extend(watcher.get_batch(timeout=5))
+            try:
+                wait_for(
+                    f"{args.claims} acknowledged claims", lambda: load.acked() >= args.claims, 60
+                )
+                delivered.extend(watcher.get_batch(timeout=5))
 
-            log(f"SIGKILL of the leader {leader.name}: its Patroni and every postgres process")
-            t_kill, t_kill_wall = time.monotonic(), time.time()
-            leader.kill()
-            before = load.acked()
-            wait_for(
-                f"Patroni to promote {standby.name}",
-                lambda: not standby.in_recovery(),
-                args.ttl * 3 + 60,
-            )
-            t_promoted = time.monotonic()
-            log(f"{standby.name} promoted after {t_promoted - t_kill:.1f} s")
-            wait_for(
-                f"{standby.name} to be Patroni's leader",
-                lambda: p.roles().get(standby.name) == "leader",
-                30,
-            )
-            # The new primary alone for a while, as when a dead machine takes
-            # time to come back: what do the callers see meanwhile?
-            alone = observe_alone(standby, load, args.rejoin_delay)
-            report.update(alone)
-            # The dead machine comes back: its Patroni rewinds it and follows.
-            log(f"restarting {leader.name}'s Patroni")
-            t_restart = time.monotonic()
-            offset = leader.log.stat().st_size
-            leader.start_patroni(p.patroni)
-            new_leader, new_sync = p.wait_sync_pair(args.ttl * 3 + 180)
-            t_rejoined = time.monotonic()
-            assert new_leader is standby and new_sync is leader, "the roles did not swap"
-            report["how the old node rejoined"] = rejoin_method(leader, offset)
-            log(f"{leader.name} is the sync standby again after {t_rejoined - t_kill:.1f} s")
-            # The same store object, with no help: its pool reconnects through the
-            # multi-host DSN to the server that now accepts writes.
-            wait_for(
-                f"{args.claims} claims on the new primary",
-                lambda: load.acked() >= before + args.claims,
-                120,
-            )
-            t_resumed = min(
-                (
-                    s
-                    for s, a, _ in timeline.samples
-                    if s > t_promoted and a > timeline.acked_at(t_promoted)
-                ),
-                default=float("nan"),
-            )
+                log(f"SIGKILL of the leader {leader.name}: its Patroni and every postgres process")
+                t_kill, t_kill_wall = time.monotonic(), time.time()
+                leader.kill()
+                before = load.acked()
+                wait_for(
+                    f"Patroni to promote {standby.name}",
+                    lambda: not standby.in_recovery(),
+                    args.ttl * 3 + 60,
+                )
+                t_promoted = time.monotonic()
+                log(f"{standby.name} promoted after {t_promoted - t_kill:.1f} s")
+                wait_for(
+                    f"{standby.name} to be Patroni's leader",
+                    lambda: p.roles().get(standby.name) == "leader",
+                    30,
+                )
+                # The new primary alone for a while, as when a dead machine takes
+                # time to come back: what do the callers see meanwhile?
+                alone = observe_alone(standby, load, args.rejoin_delay)
+                # The dead machine comes back: its Patroni rewinds it and follows.
+                log(f"restarting {leader.name}'s Patroni")
+                t_restart = time.monotonic()
+                offset = leader.log.stat().st_size
+                leader.start_patroni(p.patroni)
+                new_leader, new_sync = p.wait_sync_pair(args.ttl * 3 + 180)
+                t_rejoined = time.monotonic()
+                assert new_leader is standby and new_sync is leader, "the roles did not swap"
+                how = rejoin_method(leader, offset)
+                log(f"{leader.name} is the sync standby again after {t_rejoined - t_kill:.1f} s")
+                # The same store object, with no help: its pool reconnects through the
+                # multi-host DSN to the server that now accepts writes.
+                wait_for(
+                    f"{args.claims} claims on the new primary",
+                    lambda: load.acked() >= before + args.claims,
+                    120,
+                )
+                t_resumed = min(
+                    (
+                        s
+                        for s, a, _ in timeline.samples
+                        if s > t_promoted and a > timeline.acked_at(t_promoted)
+                    ),
+                    default=float("nan"),
+                )
+            finally:
+                # Also on a failure above: no load thread may outlive the store.
+                load.stop.set()
+                timeline.stop.set()
+                for thread in load.threads:
+                    thread.join(30)
             load.finish()
             timeline.stop.set()
             sampler.join(5)
             with store.connection() as conn:
                 row = conn.execute("SELECT inet_server_port()").fetchone()
-                report["store now on port"] = row[0] if row else None
+                checks["store now on port"] = row[0] if row else None
 
             log_rows = log_of(standby)
             deadline = time.monotonic() + 30
             while len(delivered) < len(log_rows) and time.monotonic() < deadline:
                 delivered.extend(watcher.get_batch(timeout=1))
-            report["watcher reconnects"] = watcher.health.reconnects
+            checks["watcher reconnects"] = watcher.health.reconnects
 
     generation = dict(standby.query(f"SELECT resource_id, generation FROM {SCHEMA}.leases"))
     gap_from, gap_to = timeline.no_ack(t_kill - 1)
-    report.update(
-        {
-            "mode": "strict" if args.strict else "non-strict",
-            "kill -> promoted (pg_is_in_recovery false)": f"{t_promoted - t_kill:.1f} s",
-            "kill -> old node restarted": f"{t_restart - t_kill:.1f} s",
-            "kill -> old node sync standby again": f"{t_rejoined - t_kill:.1f} s",
-            "kill -> first claim acknowledged after promotion": f"{t_resumed - t_kill:.1f} s",
-            "longest stretch with no acknowledged claim": f"{gap_to - gap_from:.1f} s",
-            "errors before promotion": timeline.errors_between(t_kill, t_promoted),
-            "errors from promotion to rejoin": timeline.errors_between(t_promoted, t_rejoined),
-            "errors after rejoin": timeline.errors_between(t_rejoined, time.monotonic()),
-            "claims acknowledged (before kill / total)": f"{before} / {len(load.claims)}",
-            "fenced writes acknowledged": len(load.writes),
-            "events on the new primary / delivered": f"{len(log_rows)} / {len(delivered)}",
-            "log records (WARNING and up) by logger": dict(records.counts),
-            # psycopg_pool spaces its reconnection attempts out exponentially:
-            # the first claim on the new primary waits for the next attempt.
-            "the pool's failed connection attempts (s after the kill)": [
-                round(t - t_kill_wall, 1) for t in records.pool_failures if t >= t_kill_wall
-            ],
-        }
-    )
+    report: dict[str, Any] = {
+        "mode": "strict" if args.strict else "non-strict",
+        "kill -> promoted (pg_is_in_recovery false)": f"{t_promoted - t_kill:.1f} s",
+        "kill -> old node restarted": f"{t_restart - t_kill:.1f} s",
+        "kill -> Patroni shows the old node as sync standby": f"{t_rejoined - t_kill:.1f} s",
+        "kill -> first claim acknowledged after promotion": f"{t_resumed - t_kill:.1f} s",
+        "longest stretch with no acknowledged claim": f"{gap_to - gap_from:.1f} s",
+        "errors before promotion": timeline.errors_between(t_kill, t_promoted),
+        "errors from promotion to rejoin": timeline.errors_between(t_promoted, t_rejoined),
+        "errors after rejoin": timeline.errors_between(t_rejoined, time.monotonic()),
+        "claims acknowledged (before kill / total)": f"{before} / {len(load.claims)}",
+        "fenced writes acknowledged": len(load.writes),
+        "events on the new primary / delivered": f"{len(log_rows)} / {len(delivered)}",
+        "log records (WARNING and up) by logger": dict(records.counts),
+        # psycopg_pool spaces its reconnection attempts out exponentially:
+        # the first claim on the new primary waits for the next attempt.
+        "the pool's failed connection attempts (s after the kill)": [
+            round(t - t_kill_wall, 1) for t in records.pool_failures if t >= t_kill_wall
+        ],
+        **alone,
+        "how the old node rejoined": how,
+        **checks,
+    }
     ok = True
     try:
         check_synchronous_failover(load, log_rows, generation, delivered)
-        assert report["watcher reconnects"] >= 1, "the watcher never reconnected"
-        assert report["store now on port"] == standby.port, "the store is not on the new primary"
+        assert checks["watcher reconnects"] >= 1, "the watcher never reconnected"
+        assert checks["store now on port"] == standby.port, "the store is not on the new primary"
         report["invariants"] = (
             "hold: no acknowledged claim or write lost, no generation twice,"
             " the watcher's stream equals the new primary's log"
