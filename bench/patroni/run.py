@@ -274,10 +274,14 @@ class PatroniNode(Node):
             10,
         )
 
-    def in_recovery(self) -> bool:
-        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
-            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-            return bool(row and row[0])
+    def writable(self) -> bool:
+        """Whether this server is up and out of recovery (a primary)."""
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+                return row is not None and not row[0]
+        except psycopg.OperationalError:
+            return False
 
 
 def patroni_settings(
@@ -533,6 +537,7 @@ def observe_alone(primary: PatroniNode, load: Load, seconds: float) -> dict[str,
         " WHERE application_name = %s GROUP BY 1 ORDER BY 1",
         [f"pglease-{SCHEMA}"],
     )
+    most = max(most, dict(backends).get("SyncRep", 0))
     return {
         "synchronous_standby_names on the new primary alone": repr(names),
         "store backends on the new primary at the end": dict(backends),
@@ -571,35 +576,52 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
                 )
                 delivered.extend(watcher.get_batch(timeout=5))
 
-                log(f"SIGKILL of the leader {leader.name}: its Patroni and every postgres process")
                 t_kill, t_kill_wall = time.monotonic(), time.time()
-                leader.kill()
+                if args.kill == "node":
+                    log(f"SIGKILL of the leader {leader.name}: its Patroni and every postgres")
+                    leader.kill()
+                else:
+                    log(f"SIGKILL of the leader {leader.name}'s postgres; its Patroni lives")
+                    leader.crash()
                 before = load.acked()
-                wait_for(
-                    f"Patroni to promote {standby.name}",
-                    lambda: not standby.in_recovery(),
+                # A dead node cannot come back by itself; a leader whose postgres
+                # died keeps its key and restarts it, or hands over to the standby.
+                candidates = [standby] if args.kill == "node" else [leader, standby]
+                found = wait_for(
+                    "Patroni to bring up a primary",
+                    lambda: next((n for n in candidates if n.writable()), None),
                     args.ttl * 3 + 60,
                 )
+                assert found is not None  # wait_for returns only a truthy value
+                primary: PatroniNode = found
                 t_promoted = time.monotonic()
-                log(f"{standby.name} promoted after {t_promoted - t_kill:.1f} s")
+                verb = "promoted" if primary is standby else "restarted as the primary"
+                log(f"{primary.name} {verb} after {t_promoted - t_kill:.1f} s")
                 wait_for(
-                    f"{standby.name} to be Patroni's leader",
-                    lambda: p.roles().get(standby.name) == "leader",
+                    f"{primary.name} to be Patroni's leader",
+                    lambda: p.roles().get(primary.name) == "leader",
                     30,
                 )
-                # The new primary alone for a while, as when a dead machine takes
-                # time to come back: what do the callers see meanwhile?
-                alone = observe_alone(standby, load, args.rejoin_delay)
-                # The dead machine comes back: its Patroni rewinds it and follows.
-                log(f"restarting {leader.name}'s Patroni")
-                t_restart = time.monotonic()
                 offset = leader.log.stat().st_size
-                leader.start_patroni(p.patroni)
+                if args.kill == "node":
+                    # The new primary alone for a while, as when a dead machine takes
+                    # time to come back: what do the callers see meanwhile?
+                    alone = observe_alone(standby, load, args.rejoin_delay)
+                    # The dead machine comes back: its Patroni rewinds it and follows.
+                    log(f"restarting {leader.name}'s Patroni")
+                    leader.start_patroni(p.patroni)
+                else:
+                    alone = {}
+                t_restart = time.monotonic()
                 new_leader, new_sync = p.wait_sync_pair(args.ttl * 3 + 180)
                 t_rejoined = time.monotonic()
-                assert new_leader is standby and new_sync is leader, "the roles did not swap"
-                how = rejoin_method(leader, offset)
-                log(f"{leader.name} is the sync standby again after {t_rejoined - t_kill:.1f} s")
+                assert new_leader is primary, f"{new_leader.name} leads, not {primary.name}"
+                how = (
+                    f"{new_sync.name} rejoined by {rejoin_method(new_sync, offset)}"
+                    if new_sync is leader
+                    else f"{new_sync.name} stayed the standby (no failover)"
+                )
+                log(f"{new_sync.name} is the sync standby after {t_rejoined - t_kill:.1f} s")
                 # The same store object, with no help: its pool reconnects through the
                 # multi-host DSN to the server that now accepts writes.
                 wait_for(
@@ -628,20 +650,22 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
                 row = conn.execute("SELECT inet_server_port()").fetchone()
                 checks["store now on port"] = row[0] if row else None
 
-            log_rows = log_of(standby)
+            log_rows = log_of(primary)
             deadline = time.monotonic() + 30
             while len(delivered) < len(log_rows) and time.monotonic() < deadline:
                 delivered.extend(watcher.get_batch(timeout=1))
             checks["watcher reconnects"] = watcher.health.reconnects
 
-    generation = dict(standby.query(f"SELECT resource_id, generation FROM {SCHEMA}.leases"))
+    generation = dict(primary.query(f"SELECT resource_id, generation FROM {SCHEMA}.leases"))
     gap_from, gap_to = timeline.no_ack(t_kill - 1)
     report: dict[str, Any] = {
-        "mode": "strict" if args.strict else "non-strict",
-        "kill -> promoted (pg_is_in_recovery false)": f"{t_promoted - t_kill:.1f} s",
-        "kill -> old node restarted": f"{t_restart - t_kill:.1f} s",
-        "kill -> Patroni shows the old node as sync standby": f"{t_rejoined - t_kill:.1f} s",
-        "kill -> first claim acknowledged after promotion": f"{t_resumed - t_kill:.1f} s",
+        "mode": ("strict" if args.strict else "non-strict") + f", kill {args.kill}",
+        f"kill -> {primary.name} {verb} (writable)": f"{t_promoted - t_kill:.1f} s",
+        "kill -> old node's Patroni restarted": (
+            f"{t_restart - t_kill:.1f} s" if args.kill == "node" else "not needed"
+        ),
+        "kill -> Patroni shows a sync standby again": f"{t_rejoined - t_kill:.1f} s",
+        "kill -> first claim acknowledged on the new primary": f"{t_resumed - t_kill:.1f} s",
         "longest stretch with no acknowledged claim": f"{gap_to - gap_from:.1f} s",
         "errors before promotion": timeline.errors_between(t_kill, t_promoted),
         "errors from promotion to rejoin": timeline.errors_between(t_promoted, t_rejoined),
@@ -656,14 +680,14 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
             round(t - t_kill_wall, 1) for t in records.pool_failures if t >= t_kill_wall
         ],
         **alone,
-        "how the old node rejoined": how,
+        "the sync standby after the failover": how,
         **checks,
     }
     ok = True
     try:
         check_synchronous_failover(load, log_rows, generation, delivered)
         assert checks["watcher reconnects"] >= 1, "the watcher never reconnected"
-        assert checks["store now on port"] == standby.port, "the store is not on the new primary"
+        assert checks["store now on port"] == primary.port, "the store is not on the new primary"
         report["invariants"] = (
             "hold: no acknowledged claim or write lost, no generation twice,"
             " the watcher's stream equals the new primary's log"
@@ -716,6 +740,13 @@ def main() -> int:
         type=int,
         default=5,
         help="Patroni's retry_timeout (s); loop_wait + 2 * retry_timeout <= ttl",
+    )
+    parser.add_argument(
+        "--kill",
+        choices=["node", "postgres"],
+        default="node",
+        help="SIGKILL the leader's Patroni and postgres (a machine dies), or only its"
+        " postgres (Patroni restarts it in place within primary_start_timeout, 300 s)",
     )
     parser.add_argument(
         "--rejoin-delay",
