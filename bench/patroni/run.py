@@ -14,7 +14,9 @@ On this machine, with nothing but local ports and a temp dir:
 4. SIGKILL of the whole leader (its Patroni and every postgres process, as a
    machine dies), Patroni promotes the sync standby; the dead node is then
    started again, as a rebooted machine would be, and rejoins as the standby
-   (in strict mode the new primary's commits wait until it has);
+   (in strict mode the new primary's commits wait until it has). With
+   `--kill postgres` only the leader's postgres dies, and its Patroni
+   restarts it in place;
 5. the invariants of the synchronous test (no acknowledged claim or write
    lost, no generation handed out twice, the store and watcher carried on by
    themselves, the watcher's stream is the new primary's log), and a timeline.
@@ -127,9 +129,11 @@ def ensure_patroni(venv: Path, spec: str) -> Path:
             return patroni
     log(f"creating {venv} with {spec}")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", spec], check=True, stderr=subprocess.DEVNULL
+    out = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", spec], capture_output=True, text=True
     )
+    if out.returncode != 0:
+        sys.exit(f"pip install {spec} failed:\n{out.stderr.strip()}")
     # Patroni runs as the server user: it must be able to read the venv.
     subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)
     return patroni
@@ -713,6 +717,7 @@ def versions(patroni: Path, etcd_bin: str) -> str:
             first([str(PG15 / "postgres"), "--version"]),
             f"psycopg {psycopg.__version__}",
             f"Python {platform.python_version()}",
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}",
         ]
     )
 
