@@ -775,6 +775,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.loop_wait + 2 * args.retry_timeout > args.ttl:
         parser.error("Patroni needs loop_wait + 2 * retry_timeout <= ttl")
+    if min(args.threads, args.claims, args.loop_wait) < 1 or args.rejoin_delay < 0:
+        parser.error(
+            "--threads, --claims and --loop-wait must be 1 or more, --rejoin-delay 0 or more"
+        )
     if (reason := _pgcluster.skip_reason()) is not None:
         sys.exit(f"cannot run PostgreSQL 15 here: {reason}")
     etcd_bin = ensure_etcd()
