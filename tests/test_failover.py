@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -180,7 +181,8 @@ def check_synchronous_failover(
     """
     # No generation handed out twice.
     handed = [(c.resource_id, c.generation) for c in load.claims]
-    assert len(handed) == len(set(handed)), "a generation was acknowledged twice"
+    twice = sorted(k for k, n in Counter(handed).items() if n > 1)
+    assert not twice, f"generations acknowledged twice: {twice[:5]} ({len(twice)} in all)"
 
     # Every acknowledged claim survived: the lease rows are at or past it, and
     # its lease.claimed event is in the new primary's log.

@@ -306,8 +306,8 @@ def patroni_settings(
                 "loop_wait": args.loop_wait,
                 "retry_timeout": args.retry_timeout,
                 "maximum_lag_on_failover": 1048576,
-                "synchronous_mode": True,
-                "synchronous_mode_strict": args.strict,
+                "synchronous_mode": not args.asynchronous,
+                "synchronous_mode_strict": args.strict and not args.asynchronous,
                 "postgresql": {
                     # The killed primary has WAL its standby never got (commits
                     # that were waiting for the standby's ack): rewind it away.
@@ -411,23 +411,25 @@ class Pair:
         }
 
     def wait_sync_pair(self, timeout: float) -> tuple[PatroniNode, PatroniNode]:
-        """Waits for a running leader and a streaming sync standby; (leader, standby)."""
+        """Waits for a running leader and a streaming sync standby (an async one
+        with --asynchronous); returns (leader, standby)."""
+        role, state = ("replica", "async") if self.args.asynchronous else ("sync_standby", "sync")
 
         def ready() -> tuple[PatroniNode, PatroniNode] | None:
             roles = self.roles()
             leader = [n for n in self.nodes if roles.get(n.name) == "leader"]
-            sync = [n for n in self.nodes if roles.get(n.name) == "sync_standby/streaming"]
+            sync = [n for n in self.nodes if roles.get(n.name) == f"{role}/streaming"]
             if not (leader and sync):
                 return None
-            # And PostgreSQL agrees: the standby is attached as sync.
+            # And PostgreSQL agrees: the standby is attached, as sync (or async).
             rows = leader[0].query(
                 "SELECT 1 FROM pg_stat_replication WHERE application_name = %s"
-                " AND state = 'streaming' AND sync_state = 'sync'",
-                [sync[0].name],
+                " AND state = 'streaming' AND sync_state = %s",
+                [sync[0].name, state],
             )
             return (leader[0], sync[0]) if rows else None
 
-        found = wait_for("a leader and a streaming sync standby", ready, timeout)
+        found = wait_for(f"a leader and a streaming {state} standby", ready, timeout)
         assert found is not None  # wait_for returns only a truthy value
         return found
 
@@ -663,7 +665,7 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
     generation = dict(primary.query(f"SELECT resource_id, generation FROM {SCHEMA}.leases"))
     gap_from, gap_to = timeline.no_ack(t_kill - 1)
     report: dict[str, Any] = {
-        "mode": ("strict" if args.strict else "non-strict") + f", kill {args.kill}",
+        "mode": mode(args) + f", kill {args.kill}",
         f"kill -> {primary.name} {verb} (writable)": f"{t_promoted - t_kill:.1f} s",
         "kill -> old node's Patroni restarted": (
             f"{t_restart - t_kill:.1f} s" if args.kill == "node" else "not needed"
@@ -684,7 +686,7 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
             round(t - t_kill_wall, 1) for t in records.pool_failures if t >= t_kill_wall
         ],
         **alone,
-        "the sync standby after the failover": how,
+        "the standby after the failover": how,
         **checks,
     }
     ok = True
@@ -703,6 +705,12 @@ def run(p: Pair, args: argparse.Namespace, records: CountingHandler) -> bool:
     for key, value in report.items():
         print(f"- {key}: {value}")
     return ok
+
+
+def mode(args: argparse.Namespace) -> str:
+    if args.asynchronous:
+        return "synchronous_mode: false"
+    return f"synchronous_mode: true, synchronous_mode_strict: {str(args.strict).lower()}"
 
 
 def versions(patroni: Path, etcd_bin: str) -> str:
@@ -737,6 +745,12 @@ def main() -> int:
         action="store_false",
         help="synchronous_mode_strict: false (the new primary goes"
         " standalone instead of waiting for a standby)",
+    )
+    parser.add_argument(
+        "--asynchronous",
+        action="store_true",
+        help="synchronous_mode: false, to see the checks fail: Patroni may then promote"
+        " a standby that misses acknowledged claims",
     )
     parser.add_argument("--ttl", type=int, default=20, help="Patroni's leader key ttl (s)")
     parser.add_argument("--loop-wait", type=int, default=2, help="Patroni's loop_wait (s)")
@@ -792,8 +806,8 @@ def main() -> int:
     signal.signal(signal.SIGHUP, interrupt)
     log(versions(patroni, etcd_bin))
     log(
-        f"synchronous_mode: true, synchronous_mode_strict: {str(args.strict).lower()},"
-        f" ttl {args.ttl}, loop_wait {args.loop_wait}, retry_timeout {args.retry_timeout}"
+        f"{mode(args)}: ttl {args.ttl}, loop_wait {args.loop_wait},"
+        f" retry_timeout {args.retry_timeout}"
     )
     records = CountingHandler(args.verbose)
     logging.getLogger().addHandler(records)
