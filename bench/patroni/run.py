@@ -22,7 +22,8 @@ On this machine, with nothing but local ports and a temp dir:
    themselves, the watcher's stream is the new primary's log), and a timeline.
 
 Every process it starts and its temp dir are removed at the end, on failure
-and on Ctrl-C too. Exit status 0 only when every invariant holds. Run
+and on Ctrl-C too. Exit status 0 only when every invariant holds;
+`--asynchronous` (`synchronous_mode: false`) shows them failing. Run
 `.venv/bin/python bench/patroni/run.py --help` from the repository root.
 """
 
