@@ -188,9 +188,6 @@ class Proc:
             self.popen.wait(10)
         self.popen = None
 
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
 
 class Etcd(Proc):
     def __init__(self, binary: str, base: Path, client: int, peer: int) -> None:
