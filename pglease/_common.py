@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from .cursors import Position, encode_cursor, fingerprint
-from .errors import LeaseMismatchError, ValidationError
+from .errors import InvalidOwnerError, LeaseMismatchError, ValidationError
 from .ids import new_token, token_hash
 from .payloads import canonical_payload, decode_payload
 from .types import Claim, Event, LeaseState, Owner, Permit, ResourceState
@@ -138,6 +138,14 @@ def mutate_args(
         if lease.resource_id != permit.resource_id:
             raise LeaseMismatchError(
                 f"the permit is for {permit.resource_id} but its lease is on {lease.resource_id}"
+            )
+        if actor is not None and actor != lease.owner:
+            # A fenced write's actor is its lease owner, whom the token proves;
+            # recording a different name would be a claim nobody checked.
+            raise InvalidOwnerError(
+                f"actor {actor} differs from the lease owner {lease.owner}: a leased write"
+                " is recorded with its lease owner as actor (put other identities in the"
+                " payload)"
             )
     body = None if payload is None else canonical_payload(payload).text
     return [

@@ -636,6 +636,47 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 65535, got {value}")
+    return value
+
+
+def _metrics_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="N",
+        help="serve Prometheus metrics at http://ADDR:N/metrics while it runs (0: a free"
+        " port, printed on stderr; needs pip install 'pglease[metrics]')",
+    )
+    parser.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics endpoint listens on (default 127.0.0.1)",
+    )
+
+
+def _call(args: argparse.Namespace) -> int:
+    """Run the command, with a metrics endpoint around it when --metrics-port is given."""
+    port = getattr(args, "metrics_port", None)
+    if port is None:
+        code: int = args.func(args)
+        return code
+    # Imported only here: without the extra this raises MetricsUnavailableError.
+    from . import metrics
+
+    with metrics.serve(port, args.metrics_addr) as server:
+        print(f"pglease: metrics at {server.url}", file=sys.stderr, flush=True)
+        code = args.func(args)
+        return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pglease", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -759,6 +800,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.register(sub)
     top_cli.register(sub)
     _register_completion(sub)
+    for name in ("hold", "reap", "watch"):
+        _metrics_args(sub.choices[name])
     for command in sub.choices.values():
         # Accept --json after the subcommand too: `pglease ls --json`.
         command.add_argument(
@@ -788,7 +831,7 @@ def _run(args: argparse.Namespace) -> int:
             args.token = read_token(args.token, args.token_file)
         if getattr(args, "connects", True):  # `embedded status` must not start a server
             resolve_connection(args)
-        code: int = args.func(args)
+        code = _call(args)
         sys.stdout.flush()  # inside the try: a closed pipe must fail here, not at exit
     except (LeaseLostError, StaleResourceError) as exc:
         return failed(str(exc), EXIT_NOT_CURRENT)

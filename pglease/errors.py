@@ -381,3 +381,18 @@ class StoreBusyError(SqliteFileError, LockTimeoutError):
 
 
 __all__ += ["SqliteCorruptError", "SqliteFileError", "StoreBusyError"]
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+
+class MetricsError(PgleaseError):
+    """The metrics endpoint cannot be served (the port is taken, the address is
+    not this host's), or metrics were already enabled on another registry."""
+
+
+class MetricsUnavailableError(MetricsError, ImportError):
+    """`pglease.metrics` needs prometheus-client: ``pip install 'pglease[metrics]'``."""
+
+
+__all__ += ["MetricsError", "MetricsUnavailableError"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidPayloadError, PayloadTooLargeError
+from .json_text import dumps
 
 MAX_PAYLOAD_BYTES = 1024 * 1024
 #: Arrays and objects nested deeper than this are refused. Python's json module
@@ -70,12 +71,12 @@ def check_payload_depth(value: Any) -> None:
 
 
 def canonical_json(value: Any) -> str:
-    """Sorted keys, no whitespace, finite numbers only, UTF-8 kept as is."""
+    """Sorted keys, no whitespace, finite numbers only, UTF-8 kept as is, and
+    numbers as JavaScript writes them (`1.0` -> `1`, `1e-07` -> `1e-7`), so
+    the sha256 agrees with the harness's canonical JSON of the same value."""
     check_payload_depth(value)
     try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        return dumps(value, sort_keys=True)
     except ValueError as exc:  # NaN / Infinity, circular references, 4300+ digit ints
         raise InvalidPayloadError(f"payload is not canonical JSON: {exc}") from None
     except TypeError as exc:  # non-str keys mixed with str, unknown objects

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -166,6 +167,40 @@ class Load:
                 return
 
 
+def check_synchronous_failover(
+    load: Load,
+    log: list[tuple[str, int, str, int | None]],
+    generation: dict[str, int],
+    delivered: list[Event],
+) -> None:
+    """The invariants of a synchronous failover; AssertionError names a broken one.
+
+    `log` is the new primary's `log_of`, `generation` its leases' generations by
+    resource, `delivered` everything the watcher yielded. Also used by
+    bench/patroni/run.py against a Patroni pair.
+    """
+    # No generation handed out twice.
+    handed = [(c.resource_id, c.generation) for c in load.claims]
+    twice = sorted(k for k, n in Counter(handed).items() if n > 1)
+    assert not twice, f"generations acknowledged twice: {twice[:5]} ({len(twice)} in all)"
+
+    # Every acknowledged claim survived: the lease rows are at or past it, and
+    # its lease.claimed event is in the new primary's log.
+    for rid, g in handed:
+        assert generation[rid] >= g, f"{rid} is at generation {generation[rid]}, below {g}"
+    claimed = {(rid, g) for rid, _, kind, g in log if kind == "lease.claimed"}
+    assert set(handed) <= claimed, f"lost claims: {sorted(set(handed) - claimed)}"
+    # Every acknowledged fenced write too, at its revision, under its generation.
+    events = {(rid, rev): (kind, g) for rid, rev, kind, g in log}
+    for rid, rev, g in load.writes:
+        assert events.get((rid, rev)) == ("job.step", g), f"lost write: {rid} revision {rev}"
+
+    # The watcher's stream is the new primary's log: nothing lost, nothing twice.
+    assert [(e.resource_id, e.revision) for e in delivered] == [(r, v) for r, v, _, _ in log], (
+        f"the watcher delivered {len(delivered)} events, not the new primary's {len(log)}"
+    )
+
+
 def test_synchronous_failover_keeps_every_acknowledged_claim(sync_cluster: Cluster) -> None:
     cl = sync_cluster
     with open_store(cl) as store:
@@ -193,24 +228,8 @@ def test_synchronous_failover_keeps_every_acknowledged_claim(sync_cluster: Clust
                 delivered.extend(watcher.get_batch(timeout=1))
             assert watcher.health.reconnects >= 1
 
-    # No generation handed out twice.
-    handed = [(c.resource_id, c.generation) for c in load.claims]
-    assert len(handed) == len(set(handed)), "a generation was acknowledged twice"
-
-    # Every acknowledged claim survived: the lease rows are at or past it, and
-    # its lease.claimed event is in the new primary's log.
     generation = dict(cl.standby.query(f"SELECT resource_id, generation FROM {SCHEMA}.leases"))
-    for rid, g in handed:
-        assert generation[rid] >= g
-    claimed = {(rid, g) for rid, _, kind, g in log if kind == "lease.claimed"}
-    assert set(handed) <= claimed, f"lost claims: {sorted(set(handed) - claimed)}"
-    # Every acknowledged fenced write too, at its revision, under its generation.
-    events = {(rid, rev): (kind, g) for rid, rev, kind, g in log}
-    for rid, rev, g in load.writes:
-        assert events.get((rid, rev)) == ("job.step", g)
-
-    # The watcher's stream is the new primary's log: nothing lost, nothing twice.
-    assert [(e.resource_id, e.revision) for e in delivered] == [(r, v) for r, v, _, _ in log]
+    check_synchronous_failover(load, log, generation, delivered)
     # The load ran across the crash: 40 claims before it, 40 more on the new
     # primary (waited for above). Whether a call happened to be in flight at
     # the crash is timing (the store retries what certainly did not run), so

@@ -155,7 +155,8 @@ def test_fork_export_import_round_trip(
         (["show", "missing"], 1, "does not exist"),
         (["show", "../bad"], 2, "session id"),
         (["fork", "src", "--to", "{tmp}", "--entry", "nope"], 1, "does not exist"),
-        (["fork", "src", "--to", "{tmp}/absent"], 1, "does not exist"),
+        # a refused fork creates no directory (a good one creates it on demand)
+        (["fork", "missing", "--to", "{tmp}/absent"], 1, "does not exist"),
         (["fork", "src", "--to", "{tmp}", "--scope", "tree", "--entry", "a"], 2, "branch scope"),
         (["fork", "src", "--to", "{tmp}", "--scope", "leaf"], 2, "invalid choice"),
         (["export", "missing", "--to", "{tmp}"], 1, "does not exist"),

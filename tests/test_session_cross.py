@@ -246,8 +246,11 @@ def test_fork_to_file_errors_leave_no_file(
     with pytest.raises(SessionExistsError):
         pg_repo.fork_to_file("src", files.directory, id="taken")
     assert sorted(p.name for p in files.directory.iterdir()) == sorted([*before, "taken.sqlite"])
-    with pytest.raises(Exception, match="does not exist"):
-        pg_repo.fork_to_file("src", tmp_path / "no-such-dir")
+    with pytest.raises(SessionNotFoundError):
+        pg_repo.fork_to_file("missing", tmp_path / "no-such-dir")
+    assert not (tmp_path / "no-such-dir").exists()  # a refused fork creates no directory
+    made = pg_repo.fork_to_file("src", tmp_path / "no-such-dir" / "deeper", id="made")
+    assert made == tmp_path / "no-such-dir" / "deeper" / "made.sqlite" and made.is_file()
 
 
 def test_import_errors_create_nothing(

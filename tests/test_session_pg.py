@@ -595,7 +595,7 @@ def test_repository_argument_checks(pg_store: PostgresStore, tmp_path: Path) -> 
     with pytest.raises(ValueError, match="session id"):
         repo.create("../x")
     with pytest.raises(ValueError, match="session id"):
-        repo.open("a b")
+        repo.open("a/b")
     with pytest.raises(InvalidSessionWriteError):
         repo.create("ok", parent_session_id=5)  # type: ignore[arg-type]
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from .. import _instrument
 from ..clock import Clock
 from ._sql import heartbeat_args
 from .lease import _LeaseBase
@@ -28,6 +29,8 @@ _STATUS_REASON = {
     "expired": "its ttl ran out in the database before a heartbeat reached it",
     "unknown": "the resource does not exist",
 }
+#: The leases_lost_total cause of each heartbeat status that means the lease is gone.
+_STATUS_CAUSE = {"lost": "not_current", "expired": "expired", "unknown": "unknown_resource"}
 
 
 @dataclass
@@ -59,6 +62,8 @@ class KeeperCore(Generic[L]):
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.leases: dict[str, L] = {}
+        #: Counts `leases` in the leases-held gauge until the keeper closes.
+        self.tracked = _instrument.track_keeper(self.leases)
         self.stats = KeeperStats()
         self._error_streak = 0
         #: Leases lost by the local clock while maybe still current in the
@@ -103,6 +108,8 @@ class KeeperCore(Generic[L]):
             if lease.lost_error is None and lease.next_due - lease.timing.interval / 2 <= now
         ]
         late = now - earliest
+        if batch:
+            _instrument.recorder.heartbeat_lateness(max(0.0, late))
         if batch and late > min(lease.timing.late_after for lease in batch):
             self.stats.late_beats += 1
             log.warning(
@@ -137,17 +144,20 @@ class KeeperCore(Generic[L]):
         rows: Sequence[Sequence[Any]],
         started: float,
         round_trip: float,
-    ) -> list[tuple[L, str]]:
-        """Apply a beat's answer; return the leases the database says are gone, with why.
+    ) -> list[tuple[L, str, str]]:
+        """Apply a beat's answer; return the leases the database says are gone, with
+        why and the cause to count them under (`_LeaseBase._lose`).
 
         `started` is the beat's start on the clock, `round_trip` its real duration.
         """
+        recorder = _instrument.recorder
+        recorder.heartbeat(round_trip)
         self._error_streak = 0
         self.stats.beats += 1
         self.stats.last_beat_size = len(batch)
         self.stats.last_beat_seconds = round_trip
         by_id = {row[0]: row for row in rows}
-        gone: list[tuple[L, str]] = []
+        gone: list[tuple[L, str, str]] = []
         for lease in batch:
             row = by_id.get(lease.resource_id)
             status = row[1] if row is not None else "unknown"
@@ -155,15 +165,18 @@ class KeeperCore(Generic[L]):
                 assert row is not None
                 if lease._renewed(started, row[2]):
                     self.stats.renewed += 1
+                    recorder.renewal("keeper", "renewed")
                 else:
                     # The answer came after the trust window closed (or the holder
                     # already saw it lost): lost for good, and handed back.
                     self.remove(lease)
                     self.to_release.append(lease)
+                    recorder.renewal("keeper", "lost")
                     if lease.lost_error is None:
-                        gone.append((lease, TRUST_CLOSED))
+                        gone.append((lease, TRUST_CLOSED, "trust_window"))
             elif status == "busy":
                 # Locked by a writer (usually the holder's own mutation): soon again.
+                recorder.renewal("keeper", "busy")
                 lease.next_due = self.clock.monotonic() + min(BUSY_RETRY, lease.timing.interval / 4)
             else:
                 reason = _STATUS_REASON.get(status, status)
@@ -171,12 +184,14 @@ class KeeperCore(Generic[L]):
                     reason += f" (current generation {row[3]})"
                 self.remove(lease)
                 self.stats.lost += 1
-                gone.append((lease, reason))
+                recorder.renewal("keeper", "lost")
+                gone.append((lease, reason, _STATUS_CAUSE.get(status, "not_current")))
         return gone
 
     def on_error(self, batch: Sequence[L], exc: BaseException) -> None:
         """A transient failure: retry soon, until each lease's trust window closes."""
         self.stats.errors += 1
+        _instrument.recorder.heartbeat_failed()
         self._error_streak += 1
         delay = ERROR_RETRY * 2 ** min(self._error_streak - 1, 6)
         if self._error_streak == 1:

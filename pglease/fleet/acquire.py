@@ -50,6 +50,7 @@ from typing import Any, NoReturn, Protocol
 
 import psycopg
 
+from .. import _instrument
 from .._common import claim_args
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import (
@@ -268,6 +269,13 @@ def _min_wait(a: float | None, b: float | None) -> float | None:
 # --------------------------------------------------------------------------- sync
 
 
+def _record_wait(clock: Clock, began: float, error: BaseException | None) -> None:
+    """Observe how long an acquire waited (on its clock), by how it ended."""
+    outcome = "acquired" if error is None else _instrument.acquire_outcome(error)
+    if outcome is not None:
+        _instrument.recorder.acquire_wait(clock.monotonic() - began, outcome)
+
+
 def _acquire(
     store: SyncLeaseStore,
     resource_type: str,
@@ -281,6 +289,30 @@ def _acquire(
     clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[Claim, float]:
     """(claim, start on `clock` of the request that won it)."""
+    began = clock.monotonic()
+    try:
+        won = _acquire_loop(
+            store, resource_type, key, owner, ttl, timeout, fair, use_watcher, stop, clock
+        )
+    except BaseException as exc:
+        _record_wait(clock, began, exc)
+        raise
+    _record_wait(clock, began, None)
+    return won
+
+
+def _acquire_loop(
+    store: SyncLeaseStore,
+    resource_type: str,
+    key: str,
+    owner: Owner,
+    ttl: float,
+    timeout: float | None,
+    fair: bool,
+    use_watcher: bool,
+    stop: Any,
+    clock: Clock,
+) -> tuple[Claim, float]:
     timeout = _check_timeout(timeout)
     deadline = None if timeout is None else clock.monotonic() + timeout
     rid = store.ensure_resource(resource_type, key)
@@ -335,6 +367,23 @@ def _attempt(
     store: SyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
 ) -> Sequence[Any] | None:
     """One claim round trip: its row, or None when the lease row stayed locked."""
+    try:
+        row = _attempt_row(store, plan, query, args)
+    except PgleaseError:
+        _instrument.recorder.claim("error")
+        raise
+    _instrument.recorder.claim(_claim_outcome(row))
+    return row
+
+
+def _claim_outcome(row: Sequence[Any] | None) -> str:
+    """The claims_total outcome of one acquire attempt's answer."""
+    return "busy" if row is None else "claimed" if row[0] else "held"
+
+
+def _attempt_row(
+    store: SyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
+) -> Sequence[Any] | None:
     try:
         with store.connection() as conn:
             try:
@@ -445,7 +494,9 @@ def hold(
                 store.release(lease.claim)
             except LeaseLostError as exc:
                 # Ended in the database before we gave it back: that is a loss.
-                lease._lose(f"the database no longer had it at release ({exc})")
+                lease._lose(
+                    f"the database no longer had it at release ({exc})", cause="not_current"
+                )
             except (psycopg.Error, PgleaseError) as exc:
                 log.warning(
                     "could not release %s (it expires by itself): %s", claim.resource_id, exc
@@ -470,6 +521,29 @@ async def _acquire_async(
     fair: bool,
     use_watcher: bool,
     clock: Clock = SYSTEM_CLOCK,
+) -> tuple[Claim, float]:
+    began = clock.monotonic()
+    try:
+        won = await _acquire_loop_async(
+            store, resource_type, key, owner, ttl, timeout, fair, use_watcher, clock
+        )
+    except BaseException as exc:
+        _record_wait(clock, began, exc)
+        raise
+    _record_wait(clock, began, None)
+    return won
+
+
+async def _acquire_loop_async(
+    store: AsyncLeaseStore,
+    resource_type: str,
+    key: str,
+    owner: Owner,
+    ttl: float,
+    timeout: float | None,
+    fair: bool,
+    use_watcher: bool,
+    clock: Clock,
 ) -> tuple[Claim, float]:
     timeout = _check_timeout(timeout)
     deadline = None if timeout is None else clock.monotonic() + timeout
@@ -521,6 +595,18 @@ async def _attempt_async(
     store: AsyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
 ) -> Sequence[Any] | None:
     """The asyncio twin of `_attempt`."""
+    try:
+        row = await _attempt_row_async(store, plan, query, args)
+    except PgleaseError:
+        _instrument.recorder.claim("error")
+        raise
+    _instrument.recorder.claim(_claim_outcome(row))
+    return row
+
+
+async def _attempt_row_async(
+    store: AsyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
+) -> Sequence[Any] | None:
     try:
         async with store.connection() as conn:
             try:
@@ -622,6 +708,7 @@ async def hold_async(
         if cancelled and not release_on_cancel:
             lease._lose(
                 "the holding task was cancelled; left to expire (release_on_cancel=False)",
+                cause="abandoned",
                 abandoned=True,
             )
         elif lease.lost_error is None or expired:
@@ -635,7 +722,7 @@ async def _release_async(store: AsyncLeaseStore, lease: AsyncHeldLease) -> None:
     try:
         await store.release(lease.claim)
     except LeaseLostError as exc:
-        lease._lose(f"the database no longer had it at release ({exc})")
+        lease._lose(f"the database no longer had it at release ({exc})", cause="not_current")
     except (psycopg.Error, PgleaseError) as exc:
         log.warning("could not release %s (it expires by itself): %s", lease.resource_id, exc)
     lease._close("released on exit")

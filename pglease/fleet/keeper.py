@@ -60,6 +60,7 @@ from typing import Any, ClassVar, Protocol
 
 import psycopg
 
+from .. import _instrument
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import DatabaseUnavailableError, LeaseLostError, PgleaseError
 from ..ids import token_hash
@@ -262,6 +263,7 @@ class Keeper:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        _instrument.untrack_keeper(self._core.tracked)
         for thread in (self._beater, self._watchdog):
             if thread is not threading.current_thread():
                 thread.join(timeout=15)
@@ -290,7 +292,10 @@ class Keeper:
             old = self._core.add(lease)
             self._cond.notify_all()
         if old is not None:
-            old._lose("a newer generation of the same resource was claimed on this host")
+            old._lose(
+                "a newer generation of the same resource was claimed on this host",
+                cause="superseded",
+            )
         return lease
 
     def remove(self, lease: HeldLease) -> None:
@@ -328,7 +333,7 @@ class Keeper:
                 else:
                     self._cond.wait(wait)
             for lease in lost:
-                lease._lose(TRUST_CLOSED)
+                lease._lose(TRUST_CLOSED, cause="trust_window")
 
     def _run(self) -> None:
         while True:
@@ -346,7 +351,7 @@ class Keeper:
                     self._cond.wait(real_wait(self.clock, None if due is None else due - now))
                     continue
             for lease in lost:
-                lease._lose(TRUST_CLOSED)
+                lease._lose(TRUST_CLOSED, cause="trust_window")
             for lease in to_release:
                 self._release_quietly(lease.claim)
             if batch:
@@ -407,8 +412,8 @@ class Keeper:
             return
         with self._cond:
             gone = self._core.on_rows(batch, rows, started, time.monotonic() - real_start)
-        for lease, reason in gone:
-            lease._lose(reason)
+        for lease, reason, cause in gone:
+            lease._lose(reason, cause=cause)
 
     def _release_quietly(self, claim: Claim) -> None:
         """Best effort: a lease lost by the local clock may still be current in the database."""
@@ -479,6 +484,7 @@ class AsyncKeeper:
     async def aclose(self) -> None:
         """Stop the task and close the connection (leases are not released)."""
         self._closed = True
+        _instrument.untrack_keeper(self._core.tracked)
         self._changed.set()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -505,7 +511,10 @@ class AsyncKeeper:
         lease.on_lost(lambda _e: self._changed.set())
         self._changed.set()
         if old is not None:
-            old._lose("a newer generation of the same resource was claimed on this host")
+            old._lose(
+                "a newer generation of the same resource was claimed on this host",
+                cause="superseded",
+            )
         return lease
 
     def remove(self, lease: AsyncHeldLease) -> None:
@@ -517,7 +526,7 @@ class AsyncKeeper:
         while not self._closed:
             now = clock.monotonic()
             for lease in self._core.sweep(now):  # signal it whoever noticed first
-                lease._lose(TRUST_CLOSED)
+                lease._lose(TRUST_CLOSED, cause="trust_window")
             to_release, self._core.to_release = self._core.to_release, []
             for lease in to_release:
                 await self._release_quietly(lease.claim)
@@ -601,8 +610,8 @@ class AsyncKeeper:
             self._core.on_error(batch, exc)
             return
         round_trip = time.monotonic() - real_start
-        for lease, reason in self._core.on_rows(batch, rows, started, round_trip):
-            lease._lose(reason)
+        for lease, reason, cause in self._core.on_rows(batch, rows, started, round_trip):
+            lease._lose(reason, cause=cause)
 
     async def _release_quietly(self, claim: Claim) -> None:
         try:

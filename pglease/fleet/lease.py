@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 
+from .. import _instrument
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import LeaseLostError
 from ..types import Claim, Owner, Permit
@@ -126,7 +127,10 @@ class _LeaseBase:
         """Lose the lease if its trust window closed; True if this call lost it."""
         if self._error is None and self.clock.monotonic() >= self._deadline:
             # The watchdog may be late (GIL, blocked loop): the clock decides.
-            return self._lose("the local trust window closed without a successful renewal")
+            return self._lose(
+                "the local trust window closed without a successful renewal",
+                cause="trust_window",
+            )
         return False
 
     def _exit_error(self, body_error: BaseException | None) -> LeaseLostError | None:
@@ -171,11 +175,12 @@ class _LeaseBase:
             self.renewals += 1
             return True
 
-    def _lose(self, reason: str, *, abandoned: bool = False) -> bool:
+    def _lose(self, reason: str, *, cause: str, abandoned: bool = False) -> bool:
         """Mark lost (once); run callbacks and signal. True if this call lost it.
 
-        `abandoned`: the holder gave it up on purpose without releasing it, so
-        leaving the block does not report it as a loss.
+        `cause` is the loss's label in the leases-lost metric (a fixed word, never
+        the reason's text). `abandoned`: the holder gave it up on purpose without
+        releasing it, so leaving the block does not report it as a loss.
         """
         with self._lock:
             if self._error is not None:
@@ -189,6 +194,7 @@ class _LeaseBase:
             self._abandoned = abandoned
             callbacks, self._callbacks = self._callbacks, []
             error = self._error
+        _instrument.recorder.lease_lost(cause)
         log.warning("%s", error)
         self._signal()
         for callback in callbacks:
@@ -287,7 +293,10 @@ class AsyncHeldLease(_LeaseBase):
 
     def _expire(self) -> None:
         if self._error is None and self.clock.monotonic() >= self._deadline:
-            self._lose("the local trust window closed without a successful renewal")
+            self._lose(
+                "the local trust window closed without a successful renewal",
+                cause="trust_window",
+            )
         else:
             self._arm()
 

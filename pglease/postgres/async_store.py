@@ -14,7 +14,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
-from .. import cursor_check
+from .. import _instrument, cursor_check
 from ..dsn import resolve_dsn
 from ..errors import (
     DatabaseUnavailableError,
@@ -297,9 +297,15 @@ class AsyncPostgresStore:
         """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
         unknown = _core.claim_unknown(resource_id, owner, token, ttl, self.dsn)
-        claimed, generation, expires_at, revision = await self._write(CLAIM, args, unknown)
+        try:
+            claimed, generation, expires_at, revision = await self._write(CLAIM, args, unknown)
+        except PgleaseError as exc:
+            _instrument.recorder.claim(_instrument.claim_error(exc))
+            raise
         if claimed != b"t":
+            _instrument.recorder.claim("held")
             return None
+        _instrument.recorder.claim("claimed")
         return Claim(
             resource_id, owner, token, int(generation), from_micros(expires_at), int(revision)
         )
@@ -315,7 +321,12 @@ class AsyncPostgresStore:
         """Extend a current, unexpired lease; return the updated claim."""
         args = _core.renew_args(claim, ttl, expected_revision, now)
         unknown = _core.renew_unknown(claim, self.dsn)
-        expires_at, revision = await self._write(RENEW, args, unknown)
+        try:
+            expires_at, revision = await self._write(RENEW, args, unknown)
+        except PgleaseError as exc:
+            _instrument.recorder.renewal("store", _instrument.lease_error(exc))
+            raise
+        _instrument.recorder.renewal("store", "renewed")
         return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
     async def release(
@@ -323,7 +334,12 @@ class AsyncPostgresStore:
     ) -> int:
         """Give up a current lease (expired or not); return the new revision."""
         args = _core.release_args(claim, expected_revision, now)
-        (revision,) = await self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
+        try:
+            (revision,) = await self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
+        except PgleaseError as exc:
+            _instrument.recorder.release(_instrument.lease_error(exc))
+            raise
+        _instrument.recorder.release("released")
         return int(revision)
 
     async def mutate(

@@ -13,7 +13,7 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool
 
-from .. import cursor_check
+from .. import _instrument, cursor_check
 from ..dsn import resolve_dsn
 from ..errors import PgleaseError, UnknownResourceError
 from ..migrations import migrate, migration_state
@@ -253,9 +253,15 @@ class PostgresStore:
         """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _core.claim_args(resource_id, owner, ttl, expected_revision, now)
         unknown = _core.claim_unknown(resource_id, owner, token, ttl, self.dsn)
-        claimed, generation, expires_at, revision = self._write(CLAIM, args, unknown)
+        try:
+            claimed, generation, expires_at, revision = self._write(CLAIM, args, unknown)
+        except PgleaseError as exc:
+            _instrument.recorder.claim(_instrument.claim_error(exc))
+            raise
         if claimed != b"t":
+            _instrument.recorder.claim("held")
             return None
+        _instrument.recorder.claim("claimed")
         return Claim(
             resource_id, owner, token, int(generation), from_micros(expires_at), int(revision)
         )
@@ -271,7 +277,12 @@ class PostgresStore:
         """Extend a current, unexpired lease; return the updated claim."""
         args = _core.renew_args(claim, ttl, expected_revision, now)
         unknown = _core.renew_unknown(claim, self.dsn)
-        expires_at, revision = self._write(RENEW, args, unknown)
+        try:
+            expires_at, revision = self._write(RENEW, args, unknown)
+        except PgleaseError as exc:
+            _instrument.recorder.renewal("store", _instrument.lease_error(exc))
+            raise
+        _instrument.recorder.renewal("store", "renewed")
         return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
     def release(
@@ -279,7 +290,12 @@ class PostgresStore:
     ) -> int:
         """Give up a current lease (expired or not); return the new revision."""
         args = _core.release_args(claim, expected_revision, now)
-        (revision,) = self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
+        try:
+            (revision,) = self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
+        except PgleaseError as exc:
+            _instrument.recorder.release(_instrument.lease_error(exc))
+            raise
+        _instrument.recorder.release("released")
         return int(revision)
 
     def mutate(

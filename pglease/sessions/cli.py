@@ -14,7 +14,7 @@ from typing import Any
 from ..cli_support import EXIT_OK, open_store, print_json
 from .model import SessionInfo, SessionSnapshot, lane_names
 from .postgres import PostgresSessionRepository
-from .repository import read_session_file
+from .repository import SessionListing, SessionRepository, read_session_file
 
 
 def _when(ms: int | None) -> str | None:
@@ -44,8 +44,15 @@ def _repository(store: Any) -> PostgresSessionRepository:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    with open_store(args, read_only=True) as store:
-        listing = _repository(store).list()
+    listing: SessionListing
+    if args.dir is not None:
+        # Session files: only read (no directory made, no leftovers removed), so
+        # crash leftovers show up among the problems.
+        files = SessionRepository(args.dir, renew_interval=None, create=False, clean_temp=False)
+        listing = files.list()
+    else:
+        with open_store(args, read_only=True) as store:
+            listing = _repository(store).list()
     rows = [_info_view(s) for s in listing.sessions]
     problems = [{"id": p.id, "error": str(p.error)} for p in listing.problems]
     if args.json:
@@ -189,6 +196,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = parser.add_subparsers(dest="session_command", required=True, metavar="SUBCOMMAND")
 
     p = sub.add_parser("ls", help="list sessions, newest first, with their writer")
+    p.add_argument(
+        "--dir",
+        metavar="DIR",
+        help="list the session files in DIR instead (and leftovers of crashed forks)",
+    )
     p.set_defaults(func=cmd_ls)
     _json_flag(p)
 

@@ -21,7 +21,7 @@ class SessionError(PgleaseError):
 
 
 class InvalidSessionIdError(SessionError, ValidationError):
-    """A session id is empty or not a safe file name."""
+    """A session id is not a usable file name (empty, `.`/`..`, `/` or NUL, too long)."""
 
 
 class InvalidSessionWriteError(SessionError, ValidationError):
@@ -75,6 +75,10 @@ class SessionBusyError(SessionError):
     """The session is open in this repository (or leased) and cannot be deleted."""
 
 
+class SessionTempFileError(SessionError):
+    """A temp file left by a create or fork that crashed (reported by `list()`)."""
+
+
 # --- session files: trouble with the file itself ---------------------------------------
 
 
@@ -109,6 +113,7 @@ __all__ = [
     "SessionFileCorruptError",
     "SessionFileError",
     "SessionNotFoundError",
+    "SessionTempFileError",
     "SessionVersionError",
     "UnknownEntryError",
     "WriterLeaseLostError",

@@ -127,10 +127,8 @@ def plan_fork(
     if scope == "branch":
         target = leaves[MAIN_LANE] if entry_id is None else entry_id
         if target is None:
-            if position == "before":
-                raise InvalidSessionWriteError(
-                    "cannot fork 'before': the main lane is empty and no entry was given"
-                )
+            # An empty main lane forks to an empty session, 'at' or 'before' alike
+            # (as the harness does): there is nothing before nothing.
             copied = []
             leaf: str | None = None
         else:
@@ -153,7 +151,10 @@ def plan_fork(
                     f"entry {entry.id!r} has a missing parent {entry.parent_id!r}"
                 )
             seen[entry.id] = entry.seq
-        lanes = list(leaves.items())
+        # Lanes in the order the source wrote their leaves (its seq order), as
+        # the harness numbers them; main is not moved first.
+        leaf_seq = {r.key: r.seq for r in snapshot.registers if r.namespace == "lane.leaf"}
+        lanes = sorted(leaves.items(), key=lambda lane: leaf_seq[lane[0]])
 
     seq = max((e.seq for e in copied), default=0)
     seq = max(seq, 0)
@@ -171,9 +172,12 @@ def plan_fork(
         put("lane.leaf", lane, dump_json(lane_leaf))
         put("lane.state", lane, IDLE_LANE_STATE_JSON)
     copied_ids = {e.id for e in copied}
+    # A tree fork keeps the source's seq order (the harness copies its registers
+    # in seq order); a branch fork writes each fact namespace in key order.
+    order = (lambda r: r.seq) if scope == "tree" else (lambda r: r.key)
     for namespace in ("fact.name", "fact.custom", "fact.label"):
         for register in sorted(
-            (r for r in snapshot.registers if r.namespace == namespace), key=lambda r: r.key
+            (r for r in snapshot.registers if r.namespace == namespace), key=order
         ):
             if namespace == "fact.label" and register.key not in copied_ids:
                 continue

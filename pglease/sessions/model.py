@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from ..json_text import dumps
 from .errors import InvalidSessionWriteError
 from .schema import ENTRY_TYPES, MAIN_LANE
 
@@ -21,9 +22,10 @@ EntryType: TypeAlias = Literal["message", "compaction", "branch_summary", "custo
 
 
 def dump_json(value: Any, what: str = "value") -> str:
-    """Compact JSON text (the shape JSON.stringify produces); rejects NaN/inf."""
+    """Compact JSON text as JSON.stringify writes it (numbers included: `1.0`
+    is `1`); rejects NaN/inf."""
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = dumps(value)
         text.encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidSessionWriteError(f"{what} is not JSON serialisable: {exc}") from None

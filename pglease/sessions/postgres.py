@@ -94,7 +94,13 @@ from .pg_core import (
     new_session_plan,
     translate_unique,
 )
-from .repository import SessionListing, SessionProblem, SessionRepository, check_session_id
+from .repository import (
+    SUFFIX,
+    SessionListing,
+    SessionProblem,
+    SessionRepository,
+    check_session_id,
+)
 from .repository import read_session_file as _read_session_file
 from .writes import Prepared, prepare_writes
 
@@ -807,10 +813,13 @@ class PostgresSessionRepository:
         the session file format (closed, no writer lease); return its path."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
-        files = SessionRepository(directory, renew_interval=None)
-        if files.exists(new_id):
-            raise SessionExistsError(f"session {new_id} already exists ({files.path_for(new_id)})")
+        target = Path(directory) / (new_id + SUFFIX)
+        if target.exists():
+            raise SessionExistsError(f"session {new_id} already exists ({target})")
         plan = plan_fork(self.snapshot(source_id), source_id, scope, entry_id, position)
+        # Only now, with the source read and the plan valid: a missing directory
+        # is created on demand, and a refused fork must not leave one behind.
+        files = SessionRepository(directory, renew_interval=None)
         return files.write_plan(plan, new_id)
 
     def export_to_file(

@@ -26,6 +26,7 @@ from .errors import (
     SessionFileBusyError,
     SessionFileError,
     SessionNotFoundError,
+    SessionTempFileError,
 )
 from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork
 from .ids import uuid7
@@ -48,19 +49,56 @@ from .sqlite_file import (
 
 SUFFIX = ".sqlite"
 SIDE_FILES = ("-wal", "-shm")
-_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 #: In-progress files start with a dot and end in `.tmp`: never listed as sessions.
 TEMP_SUFFIX = ".tmp"
+#: NAME_MAX of the file systems we run on: the longest file name, in bytes.
+MAX_NAME_BYTES = 255
+#: The longest name a session uses is its `<id>.sqlite-wal` (SQLite makes it
+#: beside the file), so an id may take 255 - 11 = 244 bytes of UTF-8.
+MAX_SESSION_ID_BYTES = MAX_NAME_BYTES - len(SUFFIX) - len("-wal")
 
 
 def check_session_id(session_id: object) -> str:
-    """Session ids are file names: letters, digits, `.`, `_`, `-`; no leading dot."""
-    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+    """Session ids are file names: any text but `/`, NUL, `.` and `..`, at most
+    244 bytes of UTF-8 (so `<id>.sqlite-wal` fits in a 255-byte file name)."""
+    if not isinstance(session_id, str):
+        raise InvalidSessionIdError(f"session id must be a string, got {type(session_id).__name__}")
+    if session_id in ("", ".", ".."):
+        raise InvalidSessionIdError(f"session id {session_id!r} is not a usable file name")
+    if "/" in session_id or "\x00" in session_id:
         raise InvalidSessionIdError(
-            f"session id {session_id!r} must be 1-200 characters of letters, digits, "
-            "'.', '_' or '-', not starting with '.', and contain no path separators"
+            f"session id {session_id!r} must not contain '/' or NUL (it is a file name)"
+        )
+    try:
+        size = len(session_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A file name of undecodable bytes (surrogate escapes): PostgreSQL and
+        # the harness store ids as UTF-8 text, which this is not.
+        raise InvalidSessionIdError(f"session id {session_id!r} is not valid UTF-8 text") from None
+    if size > MAX_SESSION_ID_BYTES:
+        raise InvalidSessionIdError(
+            f"session id is {size} bytes of UTF-8; at most {MAX_SESSION_ID_BYTES} fit"
+            f" in a file name (<id>{SUFFIX}-wal, {MAX_NAME_BYTES} bytes)"
         )
     return session_id
+
+
+#: `.<id>.<16 hex>.tmp`: a file being built by create/fork, published under its
+#: final name when complete. One left behind means that call crashed.
+_TEMP_NAME = re.compile(r"\.(.*)\.[0-9a-f]{16}\.tmp(?:-wal|-shm|-journal)?", re.DOTALL)
+#: A temp group untouched this long is a crash leftover, not a fork in progress
+#: (a build keeps writing its file or its -wal; publishing follows at once).
+STALE_TEMP_MS = 60_000
+# Room left for the id in a temp name: "." + id + "." + 16 hex + ".tmp-journal"
+# (SQLite makes a rollback journal while the new file switches to WAL).
+_TEMP_ID_BYTES = MAX_NAME_BYTES - len("..") - 16 - len(TEMP_SUFFIX) - len("-journal")
+
+
+def temp_name(session_id: str) -> str:
+    """A fresh temp file name for `session_id`, its id cut to fit NAME_MAX."""
+    raw = session_id.encode("utf-8")[:_TEMP_ID_BYTES]
+    short = raw.decode("utf-8", errors="ignore")  # never split a character
+    return f".{short}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +197,11 @@ class SessionRepository:
     is found lost; each handle also exposes a `lost` event. `busy_timeout` is
     how long a call waits for another connection's lock on a file before it
     raises `SessionFileBusyError` (5 s).
+
+    A missing directory is created (with its parents) unless `create=False`.
+    Opening removes the temp files of creates/forks that crashed (`.<id>.<hex>.tmp`
+    untouched for a minute, by `now_ms`) unless `clean_temp=False`; `list()`
+    reports the ones still there as problems.
     """
 
     def __init__(
@@ -170,6 +213,8 @@ class SessionRepository:
         now_ms: NowMs | None = None,
         on_lost: Callable[[SqliteSession], None] | None = None,
         busy_timeout: float = BUSY_TIMEOUT,
+        create: bool = True,
+        clean_temp: bool = True,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -186,7 +231,15 @@ class SessionRepository:
         self.busy_timeout = float(busy_timeout)
         self.directory = Path(directory)
         if not self.directory.is_dir():
-            raise SessionError(f"session directory {self.directory} does not exist")
+            if not create:
+                raise SessionNotFoundError(f"session directory {self.directory} does not exist")
+            try:
+                # Created on demand, as the harness does for its sessions directory.
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise SessionFileError(
+                    f"cannot create session directory {self.directory}: {exc}"
+                ) from exc
         self.lease_seconds = lease_seconds
         self.renew_interval = renew_interval
         self.now_ms: NowMs = now_ms or wall_clock_ms
@@ -194,6 +247,55 @@ class SessionRepository:
         self._lock = threading.Lock()
         # weak: a handle the caller dropped stops renewing and its lease expires
         self._open: weakref.WeakValueDictionary[str, SqliteSession] = weakref.WeakValueDictionary()
+        #: Crash leftovers this repository removed when it opened.
+        self.removed_temp_files: list[Path] = []
+        if clean_temp:
+            self.removed_temp_files = self._remove_stale_temp_files()
+
+    def stale_temp_files(self) -> list[Path]:
+        """Temp files (and their -wal/-shm/-journal) of creates/forks that did not finish:
+        leftovers of a crash, never sessions. A group is stale when none of its
+        files was touched for `STALE_TEMP_MS` (a fork in progress writes its
+        -wal, not the main file, so the newest of the three counts)."""
+        now = self.now_ms()
+        try:
+            names = sorted(os.listdir(self.directory))
+        except OSError as exc:
+            raise SessionFileError(
+                f"cannot list session directory {self.directory}: {exc}"
+            ) from exc
+        groups: dict[str, list[tuple[Path, int]]] = {}
+        for name in names:
+            if not _TEMP_NAME.fullmatch(name):
+                continue
+            path = self.directory / name
+            try:
+                mtime_ms = path.stat().st_mtime_ns // 1_000_000
+            except FileNotFoundError:
+                continue  # published or removed meanwhile
+            except OSError as exc:
+                raise SessionFileError(f"cannot inspect temp file {path}: {exc}") from exc
+            base = name.removesuffix("-wal").removesuffix("-shm").removesuffix("-journal")
+            groups.setdefault(base, []).append((path, mtime_ms))
+        stale: list[Path] = []
+        for members in groups.values():
+            if now - max(m for _, m in members) >= STALE_TEMP_MS:
+                stale.extend(p for p, _ in members)
+        return stale
+
+    def _remove_stale_temp_files(self) -> list[Path]:
+        removed: list[Path] = []
+        for path in self.stale_temp_files():
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                continue  # list() reports it: a leftover we cannot remove is no reason to fail
+            removed.append(path)
+        if removed:
+            _fsync_dir(self.directory)
+        return removed
 
     @property
     def _lease_ms(self) -> int:
@@ -259,7 +361,7 @@ class SessionRepository:
         final = self.path_for(session_id)
         if final.exists():
             raise SessionExistsError(f"session {session_id} already exists ({final})")
-        temp = self.directory / f".{session_id}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        temp = self.directory / temp_name(session_id)
         try:
             fd = os.open(temp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except OSError as exc:
@@ -446,7 +548,13 @@ class SessionRepository:
         """Every `*.sqlite` session, newest `created_at` first. Unreadable files are
         reported in `problems`, never fatal."""
         listing = SessionListing()
-        for path in sorted(self.directory.iterdir()):
+        try:
+            paths = sorted(self.directory.iterdir())
+        except OSError as exc:
+            raise SessionFileError(
+                f"cannot list session directory {self.directory}: {exc}"
+            ) from exc
+        for path in paths:
             name = path.name
             if not name.endswith(SUFFIX) or not path.is_file():
                 continue
@@ -456,6 +564,15 @@ class SessionRepository:
                 listing.sessions.append(self._info(session_id, path))
             except SessionError as exc:
                 listing.problems.append(SessionProblem(session_id, str(path), exc))
+        for path in self.stale_temp_files():
+            match = _TEMP_NAME.fullmatch(path.name)
+            assert match is not None
+            error = SessionTempFileError(
+                f"{path} is the temp file of a create or fork of session {match[1]!r} that"
+                " did not finish (untouched for over a minute); nothing refers to it and"
+                " it can be deleted"
+            )
+            listing.problems.append(SessionProblem(match[1], str(path), error))
         listing.sessions.sort(key=lambda s: (-s.created_at, s.id))
         return listing
 

@@ -1,4 +1,4 @@
-"""The storage-version-1 schema, verbatim from SESSION_FORMAT.md.
+"""The storage-version-1 schema, verbatim from FORMAT.md (beside this module).
 
 Applied with one `executescript`; every statement is IF NOT EXISTS. No foreign
 keys and no `user_version`.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -102,7 +103,7 @@ def connect(
     path: Path, *, create: bool = False, busy_timeout: float = BUSY_TIMEOUT
 ) -> sqlite3.Connection:
     """Open a connection (WAL, busy_timeout 5 s). Without `create` the file must exist."""
-    uri = "file:" + urllib.parse.quote(str(path)) + ("?mode=rwc" if create else "?mode=rw")
+    uri = "file:" + urllib.parse.quote(os.fsencode(path)) + ("?mode=rwc" if create else "?mode=rw")
     with mapped(path, busy_timeout):
         conn = sqlite3.connect(
             uri, uri=True, isolation_level=None, check_same_thread=False, timeout=busy_timeout

@@ -25,13 +25,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import _common, cursor_check
+from .. import _common, _instrument, cursor_check
 from ..cursors import Cursor, parse_cursor
 from ..errors import (
     InvalidCursorError,
     LeaseExpiredError,
     LeaseLostError,
     PayloadConflictError,
+    PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
     UnknownResourceError,
@@ -284,6 +285,15 @@ class SqliteStore:
     ) -> Claim | None:
         """Take the lease, or return None while another holder's lease is unexpired."""
         token, args = _common.claim_args(resource_id, owner, ttl, expected_revision, now)
+        try:
+            claim = self._claim(owner, token, args)
+        except PgleaseError as exc:
+            _instrument.recorder.claim(_instrument.claim_error(exc))
+            raise
+        _instrument.recorder.claim("held" if claim is None else "claimed")
+        return claim
+
+    def _claim(self, owner: Owner, token: str, args: Sequence[Any]) -> Claim | None:
         rid, otype, oid, token_sha, ttl_s, expected, given_now = args
         with self._db.write() as conn:
             lease = _lock_lease(conn, rid)
@@ -331,6 +341,15 @@ class SqliteStore:
     ) -> Claim:
         """Extend a current, unexpired lease; return the updated claim."""
         args = _common.renew_args(claim, ttl, expected_revision, now)
+        try:
+            renewed = self._renew(claim, args)
+        except PgleaseError as exc:
+            _instrument.recorder.renewal("store", _instrument.lease_error(exc))
+            raise
+        _instrument.recorder.renewal("store", "renewed")
+        return renewed
+
+    def _renew(self, claim: Claim, args: Sequence[Any]) -> Claim:
         rid, otype, oid, generation, token_sha, ttl_s, expected, given_now = args
         with self._db.write() as conn:
             lease = _lock_lease(conn, rid)
@@ -353,6 +372,15 @@ class SqliteStore:
     ) -> int:
         """Give up a current lease (expired or not); return the new revision."""
         args = _common.release_args(claim, expected_revision, now)
+        try:
+            revision = self._release(args)
+        except PgleaseError as exc:
+            _instrument.recorder.release(_instrument.lease_error(exc))
+            raise
+        _instrument.recorder.release("released")
+        return revision
+
+    def _release(self, args: Sequence[Any]) -> int:
         rid, otype, oid, generation, token_sha, expected, given_now = args
         with self._db.write() as conn:
             lease = _lock_lease(conn, rid)

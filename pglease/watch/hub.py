@@ -29,7 +29,7 @@ from psycopg.abc import Transformer as AdaptContextTransformer
 from psycopg.adapt import Transformer
 from psycopg.errors import error_from_result
 
-from .. import cursor_check
+from .. import _instrument, cursor_check
 from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import Cursor, Position, encode_cursor, fingerprint
 from ..errors import CursorExpiredError, ForeignCursorError, WatchError, WatchFailedError
@@ -280,6 +280,8 @@ class Hub:
             conn = psycopg.connect(self.dsn, autocommit=True)
         self._conn = conn
         self.connects += 1
+        if self.connects > 1:
+            _instrument.recorder.hub_reconnect(self.mode)
         if self.mode == "listen":
             # LISTEN first (it commits at once in autocommit), then read: any
             # event committed after this point either is read now or notifies.
@@ -384,6 +386,7 @@ class Hub:
         while True:
             assert self._tip is not None
             page = self._read(conn, self._tip)
+            _instrument.recorder.hub_read(self.mode, page.events)
             if self._tip < page.horizon:
                 # Pruned past what we read (we were away longer than the
                 # retention): every subscriber missed events.

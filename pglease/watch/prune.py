@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from psycopg import sql
 
+from .. import _instrument
 from ..errors import ValidationError
 from .watcher import AsyncStore, SyncStore
 
@@ -87,6 +88,7 @@ def prune(store: SyncStore, older_than: float | timedelta) -> PruneResult:
     with store.connection() as conn:
         row = conn.execute(_query(store.schema), [seconds]).fetchone()
     assert row is not None
+    _instrument.recorder.pruned(int(row[0]), int(row[1]))
     return PruneResult(int(row[0]), int(row[1]))
 
 
@@ -97,4 +99,5 @@ async def prune_async(store: AsyncStore, older_than: float | timedelta) -> Prune
         cur = await conn.execute(_query(store.schema), [seconds])
         row = await cur.fetchone()
     assert row is not None
+    _instrument.recorder.pruned(int(row[0]), int(row[1]))
     return PruneResult(int(row[0]), int(row[1]))

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Protocol
 
+from .. import _instrument
 from ..errors import ValidationError
 from ..types import Claim, Owner
 from ._core import WatchQueries, check_interval
@@ -62,6 +63,7 @@ def reap_once(store: SyncStore, limit: int = DEFAULT_LIMIT) -> int:
                 break
             after = row[0]
             reaped += bool(row[1])
+    _instrument.recorder.reaped(reaped)
     return reaped
 
 
@@ -80,6 +82,7 @@ async def reap_once_async(store: AsyncStore, limit: int = DEFAULT_LIMIT) -> int:
                 break
             after = row[0]
             reaped += bool(row[1])
+    _instrument.recorder.reaped(reaped)
     return reaped
 
 
