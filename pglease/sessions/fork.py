@@ -215,6 +215,14 @@ class ForkShape:
     lanes: tuple[tuple[str, str | None], ...]
 
 
+def resolve_fork_lookups(registers: Sequence[Register], entry_id: str | None) -> list[str]:
+    """The entry ids `resolve_fork` looks up: every lane leaf and the fork entry."""
+    wanted = {leaf for r in registers if r.namespace == "lane.leaf" if (leaf := _leaf_value(r))}
+    if entry_id is not None:
+        wanted.add(entry_id)
+    return sorted(wanted)
+
+
 def resolve_fork(
     registers: Sequence[Register],
     lookup: Callable[[Sequence[str]], Mapping[str, Entry]],
@@ -230,10 +238,7 @@ def resolve_fork(
         raise InvalidSessionWriteError(f"fork position must be 'at' or 'before', got {position!r}")
     if scope == "tree" and (entry_id is not None or position != "at"):
         raise InvalidSessionWriteError("entry_id and position='before' apply to branch scope only")
-    wanted = [leaf for r in registers if r.namespace == "lane.leaf" if (leaf := _leaf_value(r))]
-    if entry_id is not None:
-        wanted.append(entry_id)
-    found = lookup(sorted(set(wanted)))
+    found = lookup(resolve_fork_lookups(registers, entry_id))
     leaves = validate_lanes(registers, found)
     if scope == "tree":
         return ForkShape("tree", None, tuple(leaves.items()))
