@@ -219,9 +219,10 @@ def _write_registers(
     send(conn, register_batches(q, session_id, registers))
 
 
-def _stream_entries(conn: Conn, query: bytes, params: Row) -> Iterator[Entry]:
+def _stream_entries(conn: Conn, q: Sql, query: bytes, params: Row) -> Iterator[Entry]:
     """Rows of `query` through a server-side cursor, `STREAM_FETCH` at a time
     (the caller's transaction): the client never holds more than one fetch."""
+    conn.execute(q.read_whole_cursor)
     with conn.cursor(name="pglease_session_fork") as cur:
         cur.execute(query, params)
         while rows := cur.fetchmany(STREAM_FETCH):
@@ -253,12 +254,12 @@ def _fork_source(
     shape = resolve_fork(registers, lookup, scope, entry_id, position)
     entries: Iterable[Entry]
     if shape.scope == "tree":
-        entries = checked_seq_order(_stream_entries(conn, q.all_entries, (source_id,)))
+        entries = checked_seq_order(_stream_entries(conn, q, q.all_entries, (source_id,)))
     elif shape.tip is None:
         entries = ()
     else:
         params = (source_id, shape.tip, source_id, source_id)
-        entries = checked_path(_stream_entries(conn, q.path_entries, params), shape.tip)
+        entries = checked_path(_stream_entries(conn, q, q.path_entries, params), shape.tip)
     return ForkStream(entries, shape.lanes, registers, source_id)
 
 

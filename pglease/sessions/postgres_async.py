@@ -874,6 +874,7 @@ class AsyncPostgresSessionRepository:
             else:
                 assert shape.tip is not None
                 query, params = q.path_entries, (source_id, shape.tip, source_id, source_id)
+            await conn.execute(q.read_whole_cursor)
             async with conn.cursor(name="pglease_session_fork") as cur:
                 await cur.execute(query, params)
                 raw = _bridged(loop, functools.partial(cur.fetchmany, STREAM_FETCH))
