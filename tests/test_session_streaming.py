@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -220,8 +221,6 @@ def test_a_failed_import_leaves_nothing(
     """An entry whose parent is missing, found in the third chunk: the chunks
     already committed are removed, and the id is free again."""
     path = source_file(files)
-    import sqlite3
-
     conn = sqlite3.connect(path)
     conn.execute("UPDATE entries SET parent_id = 'nowhere' WHERE id = 'c20'")
     conn.commit()
@@ -476,3 +475,22 @@ def test_fork_of_a_broken_chain_leaves_no_file(
     with pytest.raises(UnknownEntryError, match="missing parent 'c5'"):
         pg_repo.fork_to_file("pg", out, "tree", id="broken")
     assert list(out.iterdir()) == []
+
+
+async def test_async_failed_import_leaves_nothing(
+    apg_repo: AsyncPostgresSessionRepository,
+    files: SessionRepository,
+    pg_dsn: str,
+    schema: str,
+) -> None:
+    path = source_file(files)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE entries SET parent_id = 'nowhere' WHERE id = 'c20'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(UnknownEntryError, match="missing parent 'nowhere'"):
+        await apg_repo.import_file(path, id="imp", chunk_entries=5)
+    assert set(leftover_rows(pg_dsn, schema, "imp").values()) == {0}
+    assert (await apg_repo.list()).problems == []
+    with pytest.raises(SessionNotFoundError):
+        await apg_repo.import_file(path.with_name("nothing.sqlite"))

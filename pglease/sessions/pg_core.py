@@ -871,6 +871,9 @@ class PlanBuilder:
 #: (bench/RESULTS-sessions.md), so no import transaction holds back the
 #: cluster's snapshot xmin, and every watcher with it, for longer than that.
 IMPORT_CHUNK = 500
+#: Seconds the end of an import waits for the new session's lease (held only
+#: by a create() of the same id racing it, and only for a moment).
+IMPORT_CLAIM_WAIT = 10.0
 #: Rows deleted per transaction when a partial import is removed.
 PURGE_CHUNK = 5000
 #: A hidden partial import whose last chunk is older than this (seconds, by

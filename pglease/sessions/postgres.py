@@ -86,6 +86,7 @@ from .model import (
 )
 from .pg_core import (
     IMPORT_CHUNK,
+    IMPORT_CLAIM_WAIT,
     IMPORT_STALE_AFTER,
     OWNER_TYPE,
     PURGE_CHUNK,
@@ -1090,7 +1091,9 @@ class PostgresSessionRepository:
                         _write_registers, q=q, session_id=session_id, token=token, registers=regs
                     )
                 )
-            claim, started = self._claim(session_id, rid, None)
+            # A create() of this id racing the import claims and releases the lease
+            # in one breath: wait for it rather than throw the import away.
+            claim, started = self._claim(session_id, rid, IMPORT_CLAIM_WAIT)
             created_at = None if self.now_ms is None else self.now_ms()
             payload = {
                 "session": session_id,

@@ -79,6 +79,7 @@ from .model import (
 )
 from .pg_core import (
     IMPORT_CHUNK,
+    IMPORT_CLAIM_WAIT,
     IMPORT_STALE_AFTER,
     OWNER_TYPE,
     PURGE_CHUNK,
@@ -1058,7 +1059,7 @@ class AsyncPostgresSessionRepository:
                         _write_registers, q=q, session_id=session_id, token=token, registers=regs
                     )
                 )
-            claim, started = await self._claim(session_id, rid, None)
+            claim, started = await self._claim(session_id, rid, IMPORT_CLAIM_WAIT)
             created_at = None if self.now_ms is None else self.now_ms()
             payload = {
                 "session": session_id,
