@@ -494,3 +494,25 @@ async def test_async_failed_import_leaves_nothing(
     assert (await apg_repo.list()).problems == []
     with pytest.raises(SessionNotFoundError):
         await apg_repo.import_file(path.with_name("nothing.sqlite"))
+
+
+def test_bad_fork_arguments_write_no_file(
+    pg_repo: PostgresSessionRepository, files: SessionRepository, tmp_path: Path
+) -> None:
+    with pg_repo.import_file(source_file(files), id="pg"):
+        pass
+    out = tmp_path / "out"
+    out.mkdir()
+    bad: list[tuple[Any, Any, Any, type[Exception]]] = [
+        ("branch", 5, "at", InvalidSessionWriteError),
+        ("sideways", None, "at", InvalidSessionWriteError),
+        ("branch", "c3", "after", InvalidSessionWriteError),
+        ("tree", "c3", "at", InvalidSessionWriteError),
+        ("branch", "nope", "at", UnknownEntryError),
+    ]
+    for scope, entry_id, position, error in bad:
+        with pytest.raises(error):
+            pg_repo.fork_to_file("pg", out, scope, entry_id, position, id="never")
+    with pytest.raises(SessionNotFoundError):
+        pg_repo.fork_to_file("missing", out, id="never")
+    assert list(out.iterdir()) == []

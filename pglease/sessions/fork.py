@@ -4,6 +4,11 @@
 entries to copy (seq order, unchanged) and the registers to write with their
 fresh seqs. A backend writes the plan, passing entries through the branch
 index in seq order.
+
+For sources too big for a snapshot, `resolve_fork` decides the same rules from
+the registers and a few looked-up entries, and a `ForkStream` carries the
+entries as an iterator (checked by `checked_path` / `checked_seq_order`); the
+registers are planned by `plan_registers` once the entries are written.
 """
 
 from __future__ import annotations
@@ -238,6 +243,8 @@ def resolve_fork(
         raise InvalidSessionWriteError(f"fork position must be 'at' or 'before', got {position!r}")
     if scope == "tree" and (entry_id is not None or position != "at"):
         raise InvalidSessionWriteError("entry_id and position='before' apply to branch scope only")
+    if entry_id is not None and not isinstance(entry_id, str):
+        raise InvalidSessionWriteError(f"fork entry_id must be a string, got {entry_id!r}")
     found = lookup(resolve_fork_lookups(registers, entry_id))
     leaves = validate_lanes(registers, found)
     if scope == "tree":
