@@ -269,9 +269,24 @@ with PostgresStore(dsn, schema=schema, max_size=2) as store:
         gaps.append(now - last[0])
         last[0] = now
     before = rss("VmRSS")
+    purge = None
     started = time.perf_counter()
     if op == "import":
         repo.import_file(arg, id=new_id, on_progress=progress).close()
+    elif op == "import-fail":
+        # fails after its last chunk: the time is the import plus its purge
+        path, total = arg.split("|")
+        def fail(n):
+            progress(n)
+            if n >= int(total):
+                global failed_at
+                failed_at = time.perf_counter()
+                raise RuntimeError("stop")
+        try:
+            repo.import_file(path, id=new_id, on_progress=fail)
+        except RuntimeError:
+            pass
+        purge = time.perf_counter() - failed_at
     elif op == "import-before":
         plan = plan_fork(read_session_file(arg), Path(arg).stem, "tree")
         repo.create_from_plan(plan, new_id).close()
@@ -287,7 +302,8 @@ with PostgresStore(dsn, schema=schema, max_size=2) as store:
     seconds = time.perf_counter() - started
 print(json.dumps({"seconds": seconds, "rss_before_mb": before, "rss_peak_mb": rss(),
                   "chunks": len(gaps), "longest_chunk_ms": max(gaps, default=0) * 1000,
-                  "median_chunk_ms": statistics.median(gaps) * 1000 if gaps else 0}))
+                  "median_chunk_ms": statistics.median(gaps) * 1000 if gaps else 0,
+                  "purge_s": purge}))
 """
 
 
@@ -400,6 +416,8 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                     (f"export{mode}", f"{pg_id}|{out_dir}|", "exported", size),
                     (f"fork-branch{mode}", f"{pg_id}|{out_dir}|{middle}", "branch", size // 2 + 1),
                 ]
+                if not mode and args.big_fail:
+                    steps.append(("import-fail", f"{path}|{size}", f"failed-{size}", 0))
                 for op, arg, new_id, copied in steps:
                     r = run_child(
                         op,
@@ -414,11 +432,13 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                             count = conn.execute(
                                 f'SELECT count(*) FROM "{schema}".session_entries'
                                 " WHERE session_id = %s",
-                                (pg_id,),
+                                (new_id,),
                             ).fetchone()
                         copied = int(count[0]) if count else -1
                     else:
                         copied = len(read_session_file_entries(out_dir / f"{new_id}.sqlite"))
+                    if r["purge_s"] is not None:
+                        op = f"{op} (then its purge: {r['purge_s']:.2f} s)"
                     rows.append(
                         f"| {op} | {size:,} | {copied:,} | {r['seconds']:.2f} |"
                         f" {r['rss_before_mb']} | {r['rss_peak_mb']} |"
@@ -472,10 +492,12 @@ def main() -> None:
         "--big", type=lambda s: [int(x) for x in s.split(",")], default=[], help="sizes"
     )
     parser.add_argument("--big-only", action="store_true")
+    parser.add_argument("--big-fail", action="store_true", help="also an import that fails")
     parser.add_argument(
         "--big-before", type=int, default=0, help="also the old path, up to this size"
     )
     parser.add_argument("--import-chunk", type=int, default=500)
+
     args = parser.parse_args()
     info = machine_info()
     for key, value in info.items():

@@ -1018,7 +1018,8 @@ class PostgresSessionRepository:
                 deleted = conn.execute(query, (session_id, PURGE_CHUNK)).rowcount
                 if deleted:
                     return deleted
-            return conn.execute(self._q.drop_import, (session_id, token)).rowcount and 0
+            conn.execute(self._q.drop_import, (session_id, token))  # the row is locked: ours
+            return 0
 
         while True:
             done = self._in_transaction(purge_some)
