@@ -516,3 +516,65 @@ def test_bad_fork_arguments_write_no_file(
     with pytest.raises(SessionNotFoundError):
         pg_repo.fork_to_file("missing", out, id="never")
     assert list(out.iterdir()) == []
+
+
+# --- forks inside PostgreSQL -------------------------------------------------------------------
+
+
+FORKS: list[tuple[ForkScope, str | None, ForkPosition]] = [
+    ("branch", None, "at"),
+    ("branch", "c14", "before"),
+    ("branch", "a", "before"),
+    ("tree", None, "at"),
+]
+
+
+def test_pg_fork_streams_in_chunks_and_equals_the_plan(
+    pg_store: PostgresStore, files: SessionRepository, pg_dsn: str, schema: str
+) -> None:
+    """A fork inside PostgreSQL goes through the chunked writer (chunks of 3)
+    and writes what `plan_fork` plans; with a one-connection pool it takes
+    the one-transaction path, with the same result."""
+    repo = PostgresSessionRepository(pg_store, renew_interval=None, import_chunk_entries=3)
+    with repo.import_file(source_file(files), id="pg"):
+        pass
+    snapshot = repo.snapshot("pg")
+    with PostgresStore(pg_dsn, schema=schema, min_size=1, max_size=1) as single:
+        one = PostgresSessionRepository(single, renew_interval=None)
+        for n, (scope, entry_id, position) in enumerate(FORKS):
+            plan = plan_fork(snapshot, "pg", scope, entry_id, position)
+            with repo.fork("pg", scope, entry_id, position, id=f"f{n}") as fork:
+                assert fork.stats().entry_count == len(plan.entries)
+            with one.fork("pg", scope, entry_id, position, id=f"g{n}"):
+                pass
+            for copy in (f"f{n}", f"g{n}"):
+                got = repo.snapshot(copy)
+                assert got.entries == plan.entries
+                assert by_key(got.registers) == by_key(plan.registers)
+                assert repo.info(copy).parent_session_id == "pg"
+            assert index_rows(pg_dsn, schema, f"f{n}") == index_rows(pg_dsn, schema, f"g{n}")
+    with pytest.raises(SessionExistsError):
+        repo.fork("pg", id="f0")
+    with pytest.raises(UnknownEntryError):
+        repo.fork("pg", "branch", "nope", id="never")
+    assert leftover_rows(pg_dsn, schema, "never")["sessions"] == 0
+
+
+async def test_async_pg_fork_streams_in_chunks(
+    apg_store: AsyncPostgresStore, files: SessionRepository, pg_dsn: str, schema: str
+) -> None:
+    repo = AsyncPostgresSessionRepository(apg_store, renew_interval=None, import_chunk_entries=4)
+    await (await repo.import_file(source_file(files), id="pg")).close()
+    snapshot = await repo.snapshot("pg")
+    for n, (scope, entry_id, position) in enumerate(FORKS):
+        plan = plan_fork(snapshot, "pg", scope, entry_id, position)
+        fork = await repo.fork("pg", scope, entry_id, position, id=f"f{n}")
+        await fork.close()
+        got = await repo.snapshot(f"f{n}")
+        assert got.entries == plan.entries
+        assert by_key(got.registers) == by_key(plan.registers)
+    with pytest.raises(UnknownEntryError):
+        await repo.fork("pg", "branch", "nope", id="never")
+    with pytest.raises(SessionNotFoundError):
+        await repo.fork("missing", id="never")
+    assert leftover_rows(pg_dsn, schema, "never")["sessions"] == 0

@@ -883,11 +883,33 @@ class PostgresSessionRepository:
         id: str | None = None,
     ) -> PostgresSession:
         """Copy (part of) a session into a new PostgreSQL session and open it. The
-        source is read in one snapshot without touching its lease."""
+        source is read in one snapshot without touching its lease.
+
+        Streamed like `import_file` when the pool has two connections (the
+        source's read-only snapshot on one, the new session's chunks on the
+        other); with a one-connection pool, one snapshot and one transaction."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
-        plan = plan_fork(self.snapshot(source_id), source_id, scope, entry_id, position)
-        return self.create_from_plan(plan, new_id)
+        if self.store.limits.max_size < 2:
+            plan = plan_fork(self.snapshot(source_id), source_id, scope, entry_id, position)
+            return self.create_from_plan(plan, new_id)
+        q = self._q
+        handle: PostgresSession | None = None
+        try:
+            with self.store.connection() as conn, conn.transaction():
+                conn.execute(q.read_only)
+                stream = _fork_source(conn, q, source_id, scope, entry_id, position)
+                try:
+                    handle = self._write_stream(new_id, stream, self.import_chunk_entries, None)
+                finally:
+                    stream.close()
+        except psycopg.Error as exc:
+            if handle is not None:  # the fork is complete; ending the source's snapshot failed
+                return handle
+            error = driver_error(self.store, exc)
+            raise error from cause_of(error, exc)
+        assert handle is not None
+        return handle
 
     # -- across stores --
 

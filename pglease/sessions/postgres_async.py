@@ -829,10 +829,62 @@ class AsyncPostgresSessionRepository:
         position: ForkPosition = "at",
         id: str | None = None,
     ) -> AsyncPostgresSession:
+        """Streamed when the pool has two connections (see the sync twin)."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
-        plan = plan_fork(await self.snapshot(source_id), source_id, scope, entry_id, position)
-        return await self.create_from_plan(plan, new_id)
+        if self.store.limits.max_size < 2:
+            plan = plan_fork(await self.snapshot(source_id), source_id, scope, entry_id, position)
+            return await self.create_from_plan(plan, new_id)
+        q = self._q
+        handle: AsyncPostgresSession | None = None
+        try:
+            async with self.store.connection() as conn, conn.transaction():
+                await conn.execute(q.read_only)
+                row = await (await conn.execute(q.session_row, (source_id,))).fetchone()
+                if row is None:
+                    raise SessionNotFoundError(f"session {source_id} does not exist")
+                check_version(source_id, int(row[2]))
+                rows = await (await conn.execute(q.all_registers, (source_id,))).fetchall()
+                registers = tuple(register_from_row(r) for r in rows)
+                wanted = resolve_fork_lookups(registers, entry_id)
+                cur = await conn.execute(q.entries_by_ids, (source_id, wanted))
+                found = {r[0]: entry_from_row(r) for r in await cur.fetchall()}
+                shape = resolve_fork(registers, lambda ids: found, scope, entry_id, position)
+                size = self.import_chunk_entries
+                if shape.scope == "branch" and shape.tip is None:
+                    stream = ForkStream((), shape.lanes, registers, source_id)
+                    handle = await self._write_stream(new_id, stream, size, None)
+                    return handle
+                params: tuple[Any, ...]
+                if shape.scope == "tree":
+                    query, params = q.all_entries, (source_id,)
+                else:
+                    assert shape.tip is not None
+                    query, params = q.path_entries, (source_id, shape.tip, source_id, source_id)
+                await conn.execute(q.read_whole_cursor)
+                loop = asyncio.get_running_loop()
+                async with conn.cursor(name="pglease_session_fork") as server_cursor:
+                    await server_cursor.execute(query, params)
+                    # _write_stream pulls its chunks in a worker thread: the
+                    # bridge fetches on this loop, which is free meanwhile.
+                    raw = _bridged(loop, functools.partial(server_cursor.fetchmany, STREAM_FETCH))
+                    entries = (
+                        checked_seq_order(raw)
+                        if shape.scope == "tree"
+                        else checked_path(raw, shape.tip or "")
+                    )
+                    stream = ForkStream(entries, shape.lanes, registers, source_id)
+                    try:
+                        handle = await self._write_stream(new_id, stream, size, None)
+                    finally:
+                        stream.close()
+        except psycopg.Error as exc:
+            if handle is not None:  # the fork is complete; ending the source's snapshot failed
+                return handle
+            error = driver_error(self.store, exc)
+            raise error from cause_of(error, exc)
+        assert handle is not None
+        return handle
 
     async def fork_to_file(
         self,
