@@ -14,8 +14,8 @@ through `PostgresSessionRepository`) and each commit size in ``--batches``:
   into a file and the import of that file back;
 - big sessions (``--big 1000,100000,...``; ``--big-only`` skips the rest):
   for each size, a session file of that many entries (a chain with a
-  compaction every 1,000 entries, each followed by a one-entry side branch), imported into
-  PostgreSQL in chunks, then forked back into files (tree export, branch fork
+  compaction every 1,000 entries, each followed by a one-entry side
+  branch), imported into PostgreSQL in chunks, then forked back into files (tree export, branch fork
   at the middle entry). Each operation runs in its own process: wall time,
   its peak RSS (``VmHWM``) and its RSS before the operation (``VmRSS``); while
   it runs, this process samples ``pg_stat_activity`` every 2 ms for the
@@ -23,7 +23,9 @@ through `PostgresSessionRepository`) and each commit size in ``--batches``:
   watcher's snapshot xmin; autovacuum's are not counted). The gap between
   two import chunks is the time of one chunk: reading it from the file and
   its transaction. ``--big-before`` also runs the one-snapshot, one-transaction
-  path (``plan_fork`` over a full snapshot) for comparison.
+  path (``plan_fork`` over a full snapshot) for comparison; ``--big-pg-fork``
+  adds a tree fork inside PostgreSQL, ``--big-fail`` an import that fails
+  after its last chunk (and purges what it wrote).
 
 Run ``python bench/sessions_bench.py`` (a throwaway embedded server) or
 ``--dsn ...``; ``--markdown FILE`` also writes the tables to FILE.
@@ -290,6 +292,11 @@ with PostgresStore(dsn, schema=schema, max_size=2) as store:
     elif op == "import-before":
         plan = plan_fork(read_session_file(arg), Path(arg).stem, "tree")
         repo.create_from_plan(plan, new_id).close()
+    elif op == "fork-pg":
+        repo.fork(arg, "tree", id=new_id).close()
+    elif op == "fork-pg-before":
+        plan = plan_fork(repo.snapshot(arg), arg, "tree")
+        repo.create_from_plan(plan, new_id).close()
     elif op in ("export", "fork-branch"):
         source, directory, entry = arg.split("|")
         scope = "tree" if op == "export" else "branch"
@@ -416,6 +423,8 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                     (f"export{mode}", f"{pg_id}|{out_dir}|", "exported", size),
                     (f"fork-branch{mode}", f"{pg_id}|{out_dir}|{middle}", "branch", size // 2 + 1),
                 ]
+                if args.big_pg_fork:
+                    steps.append((f"fork-pg{mode}", pg_id, f"copy-{size}{mode}", size))
                 if not mode and args.big_fail:
                     steps.append(("import-fail", f"{path}|{size}", f"failed-{size}", 0))
                 for op, arg, new_id, copied in steps:
@@ -427,7 +436,7 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                         new_id,
                         args.import_chunk,
                     )
-                    if op.startswith("import"):
+                    if op.startswith(("import", "fork-pg")):
                         with psycopg.connect(dsn) as conn:
                             count = conn.execute(
                                 f'SELECT count(*) FROM "{schema}".session_entries'
@@ -493,6 +502,7 @@ def main() -> None:
     )
     parser.add_argument("--big-only", action="store_true")
     parser.add_argument("--big-fail", action="store_true", help="also an import that fails")
+    parser.add_argument("--big-pg-fork", action="store_true", help="also a tree fork in PostgreSQL")
     parser.add_argument(
         "--big-before", type=int, default=0, help="also the old path, up to this size"
     )
