@@ -24,6 +24,7 @@ from pglease.sessions import (
     InvalidSessionWriteError,
     PostgresSessionRepository,
     SessionBusyError,
+    SessionError,
     SessionExistsError,
     SessionNotFoundError,
     SessionRepository,
@@ -578,3 +579,27 @@ async def test_async_pg_fork_streams_in_chunks(
     with pytest.raises(SessionNotFoundError):
         await repo.fork("missing", id="never")
     assert leftover_rows(pg_dsn, schema, "never")["sessions"] == 0
+
+
+def test_an_import_taken_over_by_a_cleanup_stops_and_shows_nothing(
+    pg_store: PostgresStore,
+    pg_repo: PostgresSessionRepository,
+    files: SessionRepository,
+    pg_dsn: str,
+    schema: str,
+) -> None:
+    """A cleanup with a too-short stale limit removes a live import: the
+    importer's next transaction finds its token gone and says so."""
+    path = source_file(files)
+    eager = PostgresSessionRepository(pg_store, renew_interval=None, import_stale_after=0)
+    removed: list[list[str]] = []
+
+    def cleanup(written: int) -> None:
+        if not removed:
+            removed.append(eager.cleanup_imports())
+
+    with pytest.raises(SessionError, match="was removed while it ran"):
+        pg_repo.import_file(path, id="imp", chunk_entries=5, on_progress=cleanup)
+    assert removed == [["imp"]]
+    assert set(leftover_rows(pg_dsn, schema, "imp").values()) == {0}
+    assert not pg_repo.exists("imp")
