@@ -11,7 +11,21 @@ through `PostgresSessionRepository`) and each commit size in ``--batches``:
   the path back to the newest compaction (``stop_type="compaction"``); the
   median of ``--repeat`` runs, in ms;
 - across stores (PostgreSQL only): a tree fork of the 10,000-entry session
-  into a file and the import of that file back.
+  into a file and the import of that file back;
+- big sessions (``--big 1000,100000,...``; ``--big-only`` skips the rest):
+  for each size, a session file of that many entries (a chain with a
+  compaction every 1,000 entries, each followed by a one-entry side
+  branch), imported into PostgreSQL in chunks, then forked back into files (tree export, branch fork
+  at the middle entry). Each operation runs in its own process: wall time,
+  its peak RSS (``VmHWM``) and its RSS before the operation (``VmRSS``); while
+  it runs, this process samples ``pg_stat_activity`` every 2 ms for the
+  oldest open client transaction that holds an xid (what holds back every
+  watcher's snapshot xmin; autovacuum's are not counted). The gap between
+  two import chunks is the time of one chunk: reading it from the file and
+  its transaction. ``--big-before`` also runs the one-snapshot, one-transaction
+  path (``plan_fork`` over a full snapshot) for comparison; ``--big-pg-fork``
+  adds a tree fork inside PostgreSQL, ``--big-fail`` an import that fails
+  after its last chunk (and purges what it wrote).
 
 Run ``python bench/sessions_bench.py`` (a throwaway embedded server) or
 ``--dsn ...``; ``--markdown FILE`` also writes the tables to FILE.
@@ -20,9 +34,12 @@ Run ``python bench/sessions_bench.py`` (a throwaway embedded server) or
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -226,6 +243,247 @@ def run(args: argparse.Namespace, dsn: str) -> list[str]:
     return lines
 
 
+# --- big sessions: streamed forks and chunked imports in their own processes ---------------
+
+#: Runs one operation in a fresh interpreter; prints one JSON line.
+CHILD = r"""
+import json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from pglease import PostgresStore
+from pglease.sessions import PostgresSessionRepository, SessionRepository, plan_fork
+from pglease.sessions import read_session_file
+
+op, dsn, schema, arg, new_id, chunk = sys.argv[2:8]
+def rss(field="VmHWM"):
+    # /proc, not ru_maxrss: Linux carries ru_maxrss over from the forking
+    # parent, while VmHWM (peak) and VmRSS (now) belong to this image only.
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) // 1024
+    return -1
+with PostgresStore(dsn, schema=schema, max_size=2) as store:
+    repo = PostgresSessionRepository(store, renew_interval=None, import_chunk_entries=int(chunk))
+    gaps = []
+    last = [time.perf_counter()]
+    def progress(_n):
+        now = time.perf_counter()
+        gaps.append(now - last[0])
+        last[0] = now
+    before = rss("VmRSS")
+    purge = None
+    started = time.perf_counter()
+    if op == "import":
+        repo.import_file(arg, id=new_id, on_progress=progress).close()
+    elif op == "import-fail":
+        # fails after its last chunk: the time is the import plus its purge
+        path, total = arg.split("|")
+        def fail(n):
+            progress(n)
+            if n >= int(total):
+                global failed_at
+                failed_at = time.perf_counter()
+                raise RuntimeError("stop")
+        try:
+            repo.import_file(path, id=new_id, on_progress=fail)
+        except RuntimeError:
+            pass
+        purge = time.perf_counter() - failed_at
+    elif op == "import-before":
+        plan = plan_fork(read_session_file(arg), Path(arg).stem, "tree")
+        repo.create_from_plan(plan, new_id).close()
+    elif op == "fork-pg":
+        repo.fork(arg, "tree", id=new_id).close()
+    elif op == "fork-pg-before":
+        plan = plan_fork(repo.snapshot(arg), arg, "tree")
+        repo.create_from_plan(plan, new_id).close()
+    elif op in ("export", "fork-branch"):
+        source, directory, entry = arg.split("|")
+        scope = "tree" if op == "export" else "branch"
+        repo.fork_to_file(source, directory, scope, entry or None, id=new_id)
+    elif op in ("export-before", "fork-branch-before"):
+        source, directory, entry = arg.split("|")
+        scope = "tree" if op == "export-before" else "branch"
+        plan = plan_fork(repo.snapshot(source), source, scope, entry or None)
+        SessionRepository(directory, renew_interval=None).write_plan(plan, new_id)
+    seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "rss_before_mb": before, "rss_peak_mb": rss(),
+                  "chunks": len(gaps), "longest_chunk_ms": max(gaps, default=0) * 1000,
+                  "median_chunk_ms": statistics.median(gaps) * 1000 if gaps else 0,
+                  "purge_s": purge}))
+"""
+
+
+class XactSampler:
+    """The oldest open transaction with an xid, sampled from pg_stat_activity."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.longest = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.wait(0.002):
+                row = conn.execute(
+                    "SELECT extract(epoch FROM max(clock_timestamp() - xact_start))"
+                    " FROM pg_stat_activity"
+                    " WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()"
+                    " AND backend_type = 'client backend'"
+                ).fetchone()
+                if row and row[0] is not None:
+                    self.longest = max(self.longest, float(row[0]))
+
+    def __enter__(self) -> XactSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def run_child(op: str, dsn: str, schema: str, arg: str, new_id: str, chunk: int) -> dict[str, Any]:
+    root = str(Path(__file__).resolve().parent.parent)
+    with XactSampler(dsn) as sampler:
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, root, op, dsn, schema, arg, new_id, str(chunk)],
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+    if out.returncode != 0:
+        raise RuntimeError(f"{op} failed: {out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["longest_xact_ms"] = sampler.longest * 1000
+    return result
+
+
+def synthetic_file(directory: Path, name: str, entries: int) -> tuple[Path, str]:
+    """A session file of `entries` entries, written by the streamed writer:
+    a chain (a compaction every 1,000), each compaction with a one-entry side branch.
+    Returns the path and the id of the chain's middle entry."""
+    from pglease.sessions.fork import ForkStream
+    from pglease.sessions.model import Entry, dump_json
+
+    def generate() -> Iterator[Entry]:
+        parent: str | None = None
+        seq = 0
+        for i in range(entries):
+            seq += 1
+            if i % 1000 == 0 and parent is not None:
+                # a side branch off the chain's previous entry
+                payload = dump_json(message(i))
+                yield Entry(f"s{i}", parent, seq, "message", None, 1_700_000_000_000, payload)
+                continue
+            kind = "compaction" if i % 1000 == 999 else "message"
+            payload = dump_json(COMPACTION if kind == "compaction" else message(i))
+            entry = Entry(f"e{i}", parent, seq, kind, None, 1_700_000_000_000, payload)
+            parent = entry.id
+            yield entry
+
+    from pglease.sessions.model import Register
+
+    last = entries - 1
+    leaf_id = f"e{last - 1 if last and last % 1000 == 0 else last}"
+    registers = (
+        Register("lane.leaf", "main", 1, dump_json(leaf_id)),
+        Register("lane.state", "main", 2, '{"currentOperationId":null,"pendingNextRun":[]}'),
+        Register("fact.name", "", 3, '"big"'),
+    )
+    stream = ForkStream(generate(), (("main", leaf_id),), registers, None)
+    path = SessionRepository(directory, renew_interval=None).write_stream(stream, name)
+    middle = entries // 2 + (1 if entries // 2 % 1000 == 0 else 0)
+    return path, f"e{middle}"
+
+
+def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
+    schema = args.schema
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with PostgresStore(dsn, schema=schema, max_size=2):
+        pass  # migrations
+    rows: list[str] = []
+    modes = ["", "-before"] if args.big_before else [""]
+    with tempfile.TemporaryDirectory(prefix="pglease-big-sessions-") as tmp:
+        for size in args.big:
+            src_dir = Path(tmp) / f"src-{size}"
+            src_dir.mkdir()
+            path, middle = synthetic_file(src_dir, f"big-{size}", size)
+            for mode in modes:
+                if mode and size > args.big_before:
+                    continue
+                out_dir = Path(tmp) / f"out-{size}{mode}"
+                out_dir.mkdir()
+                pg_id = f"pg-{size}{mode}"
+                steps = [
+                    (f"import{mode}", str(path), pg_id, size),
+                    (f"export{mode}", f"{pg_id}|{out_dir}|", "exported", size),
+                    (f"fork-branch{mode}", f"{pg_id}|{out_dir}|{middle}", "branch", size // 2 + 1),
+                ]
+                if args.big_pg_fork:
+                    steps.append((f"fork-pg{mode}", pg_id, f"copy-{size}{mode}", size))
+                if not mode and args.big_fail:
+                    steps.append(("import-fail", f"{path}|{size}", f"failed-{size}", 0))
+                for op, arg, new_id, copied in steps:
+                    r = run_child(
+                        op,
+                        dsn,
+                        schema,
+                        arg,
+                        new_id,
+                        args.import_chunk,
+                    )
+                    if op.startswith(("import", "fork-pg")):
+                        with psycopg.connect(dsn) as conn:
+                            count = conn.execute(
+                                f'SELECT count(*) FROM "{schema}".session_entries'
+                                " WHERE session_id = %s",
+                                (new_id,),
+                            ).fetchone()
+                        copied = int(count[0]) if count else -1
+                    else:
+                        copied = len(read_session_file_entries(out_dir / f"{new_id}.sqlite"))
+                    if r["purge_s"] is not None:
+                        op = f"{op} (then its purge: {r['purge_s']:.2f} s)"
+                    rows.append(
+                        f"| {op} | {size:,} | {copied:,} | {r['seconds']:.2f} |"
+                        f" {r['rss_before_mb']} | {r['rss_peak_mb']} |"
+                        f" {r['rss_peak_mb'] - r['rss_before_mb']} |"
+                        f" {r['longest_xact_ms']:,.0f} |"
+                        + (
+                            f" {r['chunks']:,} / {r['median_chunk_ms']:.0f}"
+                            f" / {r['longest_chunk_ms']:.0f} |"
+                            if r["chunks"]
+                            else " - |"
+                        )
+                    )
+                    print(rows[-1], flush=True)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return [
+        f"### Big sessions (imports in chunks of {args.import_chunk:,} entries)",
+        "",
+        "| operation | source entries | entries written | seconds | RSS before, MB |"
+        " peak RSS, MB | growth, MB | longest xid transaction, ms |"
+        " chunks / median / longest gap, ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
+def read_session_file_entries(path: Path) -> list[Any]:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT id FROM entries").fetchall()
+    finally:
+        conn.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", help="an existing server (default: a throwaway embedded one)")
@@ -239,13 +497,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--round-commits", type=int, default=500)
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
+    parser.add_argument(
+        "--big", type=lambda s: [int(x) for x in s.split(",")], default=[], help="sizes"
+    )
+    parser.add_argument("--big-only", action="store_true")
+    parser.add_argument("--big-fail", action="store_true", help="also an import that fails")
+    parser.add_argument("--big-pg-fork", action="store_true", help="also a tree fork in PostgreSQL")
+    parser.add_argument(
+        "--big-before", type=int, default=0, help="also the old path, up to this size"
+    )
+    parser.add_argument("--import-chunk", type=int, default=500)
+
     args = parser.parse_args()
     info = machine_info()
     for key, value in info.items():
         print(f"{key}: {value}")
     server = nullcontext(args.dsn) if args.dsn else throwaway_server()
     with server as dsn:
-        lines = run(args, dsn)
+        lines = [] if args.big_only else run(args, dsn)
+        if args.big:
+            lines += ["", *big_sessions(args, dsn)]
     print("\n".join(lines))
     if args.markdown:
         machine = ", ".join(f"{k} {v}" for k, v in info.items())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -61,6 +61,7 @@ OWNER_TYPE = "session"
 SCAN_PAGE = 256
 MAX_PAGE = 8192
 
+Item = TypeVar("Item")
 Row: TypeAlias = tuple[Any, ...]
 #: One statement and the parameter rows to run it with (executemany).
 Batch: TypeAlias = tuple[bytes, list[Row]]
@@ -81,11 +82,13 @@ class Sql:
         session_cols = (
             "created_at, parent_session_id, storage_version, message_count, usage_payload, next_seq"
         )
-        self.session_row = q(f"SELECT {session_cols} FROM {{s}}.sessions WHERE id = %s")
+        self.session_row = q(
+            f"SELECT {session_cols} FROM {{s}}.sessions WHERE id = %s AND import_token IS NULL"
+        )
         self.lock_session = q(
             "SELECT next_seq, message_count, usage_payload,"
             " (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-            " FROM {s}.sessions WHERE id = %s FOR UPDATE"
+            " FROM {s}.sessions WHERE id = %s AND import_token IS NULL FOR UPDATE"
         )
         self.update_session = q(
             "UPDATE {s}.sessions SET next_seq = %s, message_count = %s, usage_payload = %s"
@@ -97,8 +100,10 @@ class Sql:
             " VALUES (%s, %s, coalesce(%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),"
             " %s, %s, NULL, %s, %s, %s) ON CONFLICT DO NOTHING"
         )
-        self.delete_session = q("DELETE FROM {s}.sessions WHERE id = %s")
-        self.session_exists = q("SELECT storage_version FROM {s}.sessions WHERE id = %s")
+        self.delete_session = q("DELETE FROM {s}.sessions WHERE id = %s AND import_token IS NULL")
+        self.session_exists = q(
+            "SELECT storage_version FROM {s}.sessions WHERE id = %s AND import_token IS NULL"
+        )
         self.entry_count = q("SELECT count(*) FROM {s}.session_entries WHERE session_id = %s")
         self.insert_entry = q(
             f"INSERT INTO {{s}}.session_entries (session_id, {entry_cols})"
@@ -106,6 +111,9 @@ class Sql:
         )
         self.get_entry = q(
             f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND id = %s"
+        )
+        self.entries_by_ids = q(
+            f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND id = ANY(%s)"
         )
         self.known_entries = q(
             "SELECT id, seq FROM {s}.session_entries WHERE session_id = %s AND id = ANY(%s)"
@@ -220,7 +228,69 @@ class Sql:
             " (extract(epoch FROM l.expires_at) * 1000)::bigint"
             " FROM {s}.sessions AS s LEFT JOIN {s}.leases AS l ON l.resource_id = s.resource_id"
             " AND l.owner_id IS NOT NULL AND l.expires_at > clock_timestamp()"
-            " WHERE %s::text IS NULL OR s.id = %s"
+            " WHERE s.import_token IS NULL AND (%s::text IS NULL OR s.id = %s)"
+        )
+        # -- streamed forks and chunked imports (sql/0013_session_imports.sql)
+        # A fork reads every row of its cursor: plan for all of them. With the
+        # default fraction (0.1) the planner picked a fast-start plan for the
+        # path walk that took 1.59 s instead of 15 ms on a 5,000-entry branch.
+        self.read_whole_cursor = q("SET LOCAL cursor_tuple_fraction = 1")
+        self.path_entries = q(
+            "WITH RECURSIVE path (id, parent_id, seq) AS ("
+            " SELECT id, parent_id, seq FROM {s}.session_entries WHERE session_id = %s AND id = %s"
+            " UNION ALL SELECT e.id, e.parent_id, e.seq FROM path AS p"
+            " JOIN {s}.session_entries AS e"
+            " ON e.session_id = %s AND e.id = p.parent_id AND e.seq < p.seq)"
+            " SELECT x.id, x.parent_id, x.seq, x.type, x.custom_type, x.timestamp, x.payload"
+            " FROM path JOIN {s}.session_entries AS x ON x.session_id = %s AND x.id = path.id"
+            " ORDER BY x.seq"
+        )
+        self.begin_import = q(
+            "INSERT INTO {s}.sessions (id, resource_id, created_at, parent_session_id,"
+            " storage_version, metadata, message_count, usage_payload, next_seq,"
+            " import_token, import_touched_at)"
+            " VALUES (%s, %s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint, %s, %s,"
+            " NULL, 0, %s, 1, %s, clock_timestamp()) ON CONFLICT DO NOTHING"
+        )
+        self.import_state = q(
+            "SELECT import_token IS NOT NULL,"
+            " extract(epoch FROM clock_timestamp() - import_touched_at)::float8"
+            " FROM {s}.sessions WHERE id = %s"
+        )
+        self.touch_import = q(
+            "UPDATE {s}.sessions SET import_touched_at = clock_timestamp()"
+            " WHERE id = %s AND import_token = %s RETURNING 1"
+        )
+        self.take_import = q(
+            "UPDATE {s}.sessions SET import_token = %s, import_touched_at = clock_timestamp()"
+            " WHERE id = %s AND import_token IS NOT NULL"
+            " AND import_touched_at <= clock_timestamp() - make_interval(secs => %s)"
+            " RETURNING 1"
+        )
+        self.stale_imports = q(
+            "SELECT id, extract(epoch FROM clock_timestamp() - import_touched_at)::float8"
+            " FROM {s}.sessions WHERE import_token IS NOT NULL"
+            " AND import_touched_at <= clock_timestamp() - make_interval(secs => %s)"
+            " AND (%s::text IS NULL OR id = %s) ORDER BY import_touched_at, id"
+        )
+        self.purge_rows = [
+            q(
+                f"DELETE FROM {{s}}.{table} WHERE ctid = ANY(ARRAY("
+                f"SELECT ctid FROM {{s}}.{table} WHERE session_id = %s LIMIT %s))"
+            )
+            for table in (
+                "session_branch_entries",
+                "session_branch_meta",
+                "session_registers",
+                "session_usage_ledger",
+                "session_entries",
+            )
+        ]
+        self.drop_import = q("DELETE FROM {s}.sessions WHERE id = %s AND import_token = %s")
+        self.finish_import = q(
+            "UPDATE {s}.sessions SET import_token = NULL, import_touched_at = NULL,"
+            " created_at = coalesce(%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),"
+            " message_count = %s, next_seq = %s WHERE id = %s AND import_token = %s"
         )
 
 
@@ -793,3 +863,121 @@ class PlanBuilder:
                 )
             )
         return out
+
+
+# --- chunked imports -----------------------------------------------------------------------------
+
+#: Entries per import transaction: about 20-60 ms each on a loaded 2-core host
+#: (bench/RESULTS-sessions.md), so no import transaction holds back the
+#: cluster's snapshot xmin, and every watcher with it, for longer than that.
+IMPORT_CHUNK = 500
+#: Seconds the end of an import waits for the new session's lease (held only
+#: by a create() of the same id racing it, and only for a moment).
+IMPORT_CLAIM_WAIT = 10.0
+#: Rows deleted per transaction when a partial import is removed.
+PURGE_CHUNK = 5000
+#: A hidden partial import whose last chunk is older than this (seconds, by
+#: the database clock) is taken to be abandoned.
+IMPORT_STALE_AFTER = 120.0
+
+
+def stale_import_problem(session_id: str, age: float) -> SessionError:
+    """How `list()` reports the hidden partial of an interrupted import."""
+    return SessionError(
+        f"session {session_id}: an interrupted import left a hidden partial (no progress for"
+        f" {age:.0f} s); the next import of this id or cleanup_imports() removes it"
+    )
+
+
+def import_gone(session_id: str) -> SessionError:
+    return SessionError(
+        f"the import of session {session_id} was removed while it ran (a cleanup took it"
+        " for abandoned: no chunk within the stale limit); nothing of it is visible"
+    )
+
+
+class ChunkBuilder:
+    """One transaction of a chunked import: entries (seq order, following the
+    entries of earlier chunks) through the branch index, the import token
+    checked and its progress time moved.
+
+    1. `lookups()`: the touch (token check) and parents from earlier chunks;
+    2. `start(results)`; 3. `step(i)` per entry; 4. `batches()`.
+    """
+
+    def __init__(
+        self, q: Sql, session_id: str, token: str, entries: Sequence[Entry], index: IndexCore
+    ) -> None:
+        self.q = q
+        self.session_id = session_id
+        self.token = token
+        self.entries = entries
+        self.index = index
+        ids = {e.id for e in entries}
+        self.parents = sorted({e.parent_id for e in entries if e.parent_id} - ids)
+        self.seqs: dict[str, int] = {}
+
+    def lookups(self) -> dict[str, tuple[bytes, Row]]:
+        sid = self.session_id
+        reads: dict[str, tuple[bytes, Row]] = {"touch": (self.q.touch_import, (sid, self.token))}
+        if self.parents:
+            reads["known"] = (self.q.known_entries, (sid, self.parents))
+            reads["tips"] = (self.q.segments_by_tips, (sid, self.parents))
+        return reads
+
+    def start(self, results: dict[str, list[Row]]) -> None:
+        if not results["touch"]:
+            raise import_gone(self.session_id)
+        self.seqs = {r[0]: int(r[1]) for r in results.get("known", [])}
+        for row in results.get("tips", []):
+            self.index.remember(segment_from_row(row))
+
+    def step(self, i: int) -> None:
+        entry = self.entries[i]
+        if entry.id in self.seqs:
+            raise DuplicateIdError(f"id {entry.id!r} appears twice in the source")
+        parent_seq = None if entry.parent_id is None else self.seqs.get(entry.parent_id)
+        if entry.parent_id is not None and parent_seq is None:
+            raise UnknownEntryError(f"entry {entry.id!r} has a missing parent {entry.parent_id!r}")
+        index_entry(self.index, entry.id, entry.seq, entry.type, entry.parent_id, parent_seq)
+        self.seqs[entry.id] = entry.seq
+
+    def batches(self) -> list[Batch]:
+        out = self.index.pending()
+        if self.entries:
+            sid = self.session_id
+            out.append((self.q.insert_entry, [entry_params(sid, e) for e in self.entries]))
+        return out
+
+
+def register_batches(q: Sql, session_id: str, registers: Sequence[Register]) -> list[Batch]:
+    return [
+        (
+            q.upsert_register,
+            [(session_id, r.namespace, r.key, r.seq, r.value_json) for r in registers],
+        )
+    ]
+
+
+def chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    """`items` in lists of `size` (the last one shorter), read lazily."""
+    batch: list[Item] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def check_chunk_size(value: object, name: str = "chunk_entries") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise InvalidSessionWriteError(f"{name} must be an int in [1, 1000000], got {value!r}")
+    return value
+
+
+def check_stale_after(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise InvalidSessionWriteError(f"stale_after must be seconds >= 0, got {value!r}")
+    return float(value)

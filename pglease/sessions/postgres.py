@@ -22,13 +22,14 @@ tables of the store's schema, so any host can open any session.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,7 +59,16 @@ from .errors import (
     UnknownEntryError,
     WriterLeaseLostError,
 )
-from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork
+from .fork import (
+    ForkPlan,
+    ForkPosition,
+    ForkScope,
+    ForkStream,
+    checked_path,
+    checked_seq_order,
+    plan_fork,
+    resolve_fork,
+)
 from .ids import uuid7
 from .model import (
     AddUsage,
@@ -75,9 +85,14 @@ from .model import (
     load_json,
 )
 from .pg_core import (
+    IMPORT_CHUNK,
+    IMPORT_CLAIM_WAIT,
+    IMPORT_STALE_AFTER,
     OWNER_TYPE,
+    PURGE_CHUNK,
     RESOURCE_TYPE,
     Batch,
+    ChunkBuilder,
     CommitBuilder,
     IndexCore,
     PlanBuilder,
@@ -85,13 +100,20 @@ from .pg_core import (
     SeqMoved,
     Sql,
     cause_of,
+    check_chunk_size,
     check_scan_args,
+    check_stale_after,
     check_version,
+    chunks,
     driver_error,
     entry_from_row,
     first_page_for,
+    import_gone,
     new_owner_id,
     new_session_plan,
+    register_batches,
+    register_from_row,
+    stale_import_problem,
     translate_unique,
 )
 from .repository import (
@@ -101,7 +123,8 @@ from .repository import (
     SessionRepository,
     check_session_id,
 )
-from .repository import read_session_file as _read_session_file
+from .schema import EMPTY_USAGE_JSON, STORAGE_VERSION
+from .sqlite_file import STREAM_FETCH, file_fork_source
 from .writes import Prepared, prepare_writes
 
 log = logging.getLogger("pglease.sessions")
@@ -177,6 +200,74 @@ def write_plan_rows(
         build.step(i)
     with conn.pipeline():
         send(conn, build.batches())
+
+
+def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> None:
+    """One import chunk, in the caller's transaction: lookups in one round trip,
+    the branch index, then every write in one more."""
+    build = ChunkBuilder(q, session_id, token, entries, PgBranchIndex(conn, q, session_id))
+    with conn.pipeline():
+        cursors = {
+            name: conn.execute(query, params) for name, (query, params) in build.lookups().items()
+        }
+        results = {name: cur.fetchall() for name, cur in cursors.items()}
+    build.start(results)
+    for i in range(len(entries)):
+        build.step(i)
+    with conn.pipeline():
+        send(conn, build.batches())
+
+
+def _write_registers(
+    conn: Conn, q: Sql, session_id: str, token: str, registers: list[Register]
+) -> None:
+    if not conn.execute(q.touch_import, (session_id, token)).fetchall():
+        raise import_gone(session_id)
+    send(conn, register_batches(q, session_id, registers))
+
+
+def _stream_entries(conn: Conn, q: Sql, query: bytes, params: Row) -> Iterator[Entry]:
+    """Rows of `query` through a server-side cursor, `STREAM_FETCH` at a time
+    (the caller's transaction): the client never holds more than one fetch."""
+    conn.execute(q.read_whole_cursor)
+    with conn.cursor(name="pglease_session_fork") as cur:
+        cur.execute(query, params)
+        while rows := cur.fetchmany(STREAM_FETCH):
+            for row in rows:
+                yield entry_from_row(row)
+
+
+def _fork_source(
+    conn: Conn,
+    q: Sql,
+    source_id: str,
+    scope: ForkScope,
+    entry_id: str | None,
+    position: ForkPosition,
+) -> ForkStream:
+    """A streamed fork of a PostgreSQL session (caller's read-only transaction):
+    the registers and the fork's lookups now, the entries as they are read. A
+    branch fork reads only the branch (a recursive walk up from its tip)."""
+    row = conn.execute(q.session_row, (source_id,)).fetchone()
+    if row is None:
+        raise SessionNotFoundError(f"session {source_id} does not exist")
+    check_version(source_id, int(row[2]))
+    registers = tuple(register_from_row(r) for r in conn.execute(q.all_registers, (source_id,)))
+
+    def lookup(ids: Sequence[str]) -> dict[str, Entry]:
+        rows = conn.execute(q.entries_by_ids, (source_id, list(ids))).fetchall()
+        return {r[0]: entry_from_row(r) for r in rows}
+
+    shape = resolve_fork(registers, lookup, scope, entry_id, position)
+    entries: Iterable[Entry]
+    if shape.scope == "tree":
+        entries = checked_seq_order(_stream_entries(conn, q, q.all_entries, (source_id,)))
+    elif shape.tip is None:
+        entries = ()
+    else:
+        params = (source_id, shape.tip, source_id, source_id)
+        entries = checked_path(_stream_entries(conn, q, q.path_entries, params), shape.tip)
+    return ForkStream(entries, shape.lanes, registers, source_id, shape.scope)
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -620,7 +711,9 @@ class PostgresSessionRepository:
     opens (30 s / 15 s; `renew_interval=None` disables background renewal).
     `now_ms`, when given, replaces the database clock for timestamps (tests);
     lease expiry is always judged by the database clock. `on_lost` is called
-    when a handle finds its lease lost.
+    when a handle finds its lease lost. Imports commit `import_chunk_entries`
+    entries per transaction, hidden until the last; a hidden partial with no
+    progress for `import_stale_after` seconds counts as abandoned.
     """
 
     def __init__(
@@ -631,6 +724,8 @@ class PostgresSessionRepository:
         renew_interval: float | None = 15.0,
         now_ms: NowMs | None = None,
         on_lost: Callable[[PostgresSession], None] | None = None,
+        import_chunk_entries: int = IMPORT_CHUNK,
+        import_stale_after: float = IMPORT_STALE_AFTER,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -643,6 +738,8 @@ class PostgresSessionRepository:
         self.renew_interval = renew_interval
         self.now_ms = now_ms
         self.on_lost = on_lost
+        self.import_chunk_entries = check_chunk_size(import_chunk_entries, "import_chunk_entries")
+        self.import_stale_after = check_stale_after(import_stale_after)
         self._q = Sql(store.schema)
         self._lock = threading.Lock()
         self._open: weakref.WeakSet[PostgresSession] = weakref.WeakSet()
@@ -792,11 +889,33 @@ class PostgresSessionRepository:
         id: str | None = None,
     ) -> PostgresSession:
         """Copy (part of) a session into a new PostgreSQL session and open it. The
-        source is read in one snapshot without touching its lease."""
+        source is read in one snapshot without touching its lease.
+
+        Streamed like `import_file` when the pool has two connections (the
+        source's read-only snapshot on one, the new session's chunks on the
+        other); with a one-connection pool, one snapshot and one transaction."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
-        plan = plan_fork(self.snapshot(source_id), source_id, scope, entry_id, position)
-        return self.create_from_plan(plan, new_id)
+        if self.store.limits.max_size < 2:
+            plan = plan_fork(self.snapshot(source_id), source_id, scope, entry_id, position)
+            return self.create_from_plan(plan, new_id)
+        q = self._q
+        handle: PostgresSession | None = None
+        try:
+            with self.store.connection() as conn, conn.transaction():
+                conn.execute(q.read_only)
+                stream = _fork_source(conn, q, source_id, scope, entry_id, position)
+                try:
+                    handle = self._write_stream(new_id, stream, self.import_chunk_entries, None)
+                finally:
+                    stream.close()
+        except psycopg.Error as exc:
+            if handle is not None:  # the fork is complete; ending the source's snapshot failed
+                return handle
+            error = driver_error(self.store, exc)
+            raise error from cause_of(error, exc)
+        assert handle is not None
+        return handle
 
     # -- across stores --
 
@@ -810,17 +929,28 @@ class PostgresSessionRepository:
         id: str | None = None,
     ) -> Path:
         """Fork a PostgreSQL session into a new `<directory>/<id>.sqlite` file in
-        the session file format (closed, no writer lease); return its path."""
+        the session file format (closed, no writer lease); return its path.
+
+        Streamed: entries go from a server-side cursor into the file as they
+        are read (memory does not grow with the session), all in one
+        read-only snapshot of the source; a branch fork reads only the branch."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
         target = Path(directory) / (new_id + SUFFIX)
         if target.exists():
             raise SessionExistsError(f"session {new_id} already exists ({target})")
-        plan = plan_fork(self.snapshot(source_id), source_id, scope, entry_id, position)
-        # Only now, with the source read and the plan valid: a missing directory
-        # is created on demand, and a refused fork must not leave one behind.
-        files = SessionRepository(directory, renew_interval=None)
-        return files.write_plan(plan, new_id)
+
+        def run(conn: Conn) -> Path:
+            stream = _fork_source(conn, self._q, source_id, scope, entry_id, position)
+            try:
+                # Only now, with the source read and the fork valid: a missing
+                # directory is created on demand; a refused fork leaves none.
+                files = SessionRepository(directory, renew_interval=None)
+                return files.write_stream(stream, new_id)
+            finally:
+                stream.close()
+
+        return _read_consistent(self.store, self._q, run)
 
     def export_to_file(
         self, source_id: str, directory: str | os.PathLike[str], id: str | None = None
@@ -828,16 +958,203 @@ class PostgresSessionRepository:
         """A tree fork into a file: every entry and lane."""
         return self.fork_to_file(source_id, directory, "tree", id=id)
 
-    def import_file(self, path: str | os.PathLike[str], id: str | None = None) -> PostgresSession:
+    def import_file(
+        self,
+        path: str | os.PathLike[str],
+        id: str | None = None,
+        *,
+        chunk_entries: int | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> PostgresSession:
         """Import a session file as a new PostgreSQL session whose parent is the
-        file's session (a tree fork: entries and lanes kept, usage not copied)."""
+        file's session (a tree fork: entries and lanes kept, usage not copied).
+
+        Streamed and chunked: `chunk_entries` entries per transaction (default
+        `import_chunk_entries`), the session hidden from listings, opens and
+        reads until the last, short, transaction shows it (with its
+        `session.forked` event). `on_progress(entries_written)` runs after each
+        chunk. A failed import removes what it wrote; one killed midway leaves a
+        hidden partial that `list()` reports and that the next import of the
+        same id or `cleanup_imports()` removes once it is stale."""
         file_path = Path(path)
         if file_path.suffix != ".sqlite":
             raise InvalidSessionWriteError(f"{file_path} is not a .sqlite session file")
         file_id = check_session_id(file_path.name[: -len(".sqlite")])
-        snapshot = _read_session_file(file_path)
-        plan = plan_fork(snapshot, file_id, "tree")
-        return self.create_from_plan(plan, id)
+        session_id = check_session_id(id) if id is not None else uuid7()
+        size = check_chunk_size(
+            self.import_chunk_entries if chunk_entries is None else chunk_entries
+        )
+        if not file_path.is_file():
+            raise SessionNotFoundError(f"session file {file_path} does not exist")
+        with file_fork_source(file_path) as source:
+            shape = resolve_fork(source.registers, source.lookup, "tree")
+            stream = ForkStream(
+                checked_seq_order(source.entries()), shape.lanes, source.registers, file_id,
+                shape.scope,
+            )
+            try:
+                return self._write_stream(session_id, stream, size, on_progress)
+            finally:
+                stream.close()
+
+    # -- chunked imports --
+
+    def _in_transaction(self, fn: Callable[[Conn], T]) -> T:
+        """One short write transaction of an import or a purge."""
+        conn: Conn | None = None
+        try:
+            with self.store.connection() as conn, conn.transaction():
+                return fn(conn)
+        except psycopg.Error as exc:
+            error = (
+                translate_unique(exc)
+                if isinstance(exc, psycopg.errors.UniqueViolation)
+                else driver_error(self.store, exc, conn is not None and conn.broken)
+            )
+            raise error from cause_of(error, exc)
+
+    def _begin_import(self, session_id: str, rid: str, token: str, parent: str | None) -> None:
+        """Insert the hidden session row; an existing visible one is
+        `SessionExistsError`, a live import `SessionBusyError`, a stale partial
+        is removed first."""
+        params = (session_id, rid, parent, STORAGE_VERSION, EMPTY_USAGE_JSON, token)
+        for _ in range(3):
+            if self._in_transaction(lambda c: c.execute(self._q.begin_import, params).rowcount):
+                return
+            rows = self._fetch(self._q.import_state, (session_id,))
+            if not rows:
+                continue  # deleted meanwhile: try again
+            hidden, age = rows[0]
+            if not hidden:
+                raise SessionExistsError(f"session {session_id} already exists")
+            if self._take_and_purge(session_id, self.import_stale_after):
+                log.warning(
+                    "session %s: removed the hidden partial of an interrupted import", session_id
+                )
+                continue
+            raise SessionBusyError(
+                f"session {session_id}: another import of this id is in progress (last chunk"
+                f" {float(age):.1f} s ago; a partial counts as abandoned after"
+                f" {self.import_stale_after:g} s)"
+            )
+        raise SessionExistsError(f"session {session_id} already exists")
+
+    def _purge_import(self, session_id: str, token: str) -> bool:
+        """Delete a hidden import's rows in short transactions, each checking the
+        token (a purge never touches a session that became visible)."""
+
+        def purge_some(conn: Conn) -> int:
+            if not conn.execute(self._q.touch_import, (session_id, token)).fetchall():
+                return -1
+            for query in self._q.purge_rows:
+                deleted = conn.execute(query, (session_id, PURGE_CHUNK)).rowcount
+                if deleted:
+                    return deleted
+            conn.execute(self._q.drop_import, (session_id, token))  # the row is locked: ours
+            return 0
+
+        while True:
+            done = self._in_transaction(purge_some)
+            if done <= 0:
+                return done == 0
+
+    def _take_and_purge(self, session_id: str, stale_after: float) -> bool:
+        """Take over a stale partial import (a new token) and remove it."""
+        token = uuid7()
+        taken = self._in_transaction(
+            lambda c: c.execute(self._q.take_import, (token, session_id, stale_after)).fetchall()
+        )
+        return bool(taken) and self._purge_import(session_id, token)
+
+    def _discard_import(self, session_id: str, token: str) -> None:
+        try:
+            self._purge_import(session_id, token)
+        except PgleaseError as exc:  # the partial stays hidden; it goes once stale
+            log.warning("session %s: removing a failed import failed: %s", session_id, exc)
+
+    def cleanup_imports(self, stale_after: float | None = None) -> list[str]:
+        """Remove hidden partial imports with no progress for `stale_after`
+        seconds (default `import_stale_after`), in short transactions; return
+        their ids."""
+        limit = self.import_stale_after if stale_after is None else check_stale_after(stale_after)
+        removed = []
+        for sid, _age in self._fetch(self._q.stale_imports, (limit, None, None)):
+            if self._take_and_purge(sid, limit):
+                removed.append(sid)
+        return removed
+
+    def _copied_ids(self, session_id: str, ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(ids), 1000):
+            part = list(ids[start : start + 1000])
+            found.update(r[0] for r in self._fetch(self._q.known_entries, (session_id, part)))
+        return found
+
+    def _write_stream(
+        self,
+        session_id: str,
+        stream: ForkStream,
+        size: int,
+        on_progress: Callable[[int], None] | None,
+    ) -> PostgresSession:
+        """A streamed fork as a new session: hidden row, entry chunks, register
+        chunks, then one fenced mutation that shows it and claims its lease."""
+        q = self._q
+        rid = self.store.ensure_resource(RESOURCE_TYPE, session_id)
+        token = uuid7()
+        self._begin_import(session_id, rid, token, stream.parent_session_id)
+        try:
+            written = messages = last_seq = 0
+            for part in chunks(stream.entries, size):
+                self._in_transaction(
+                    functools.partial(
+                        _write_chunk, q=q, session_id=session_id, token=token, entries=part
+                    )
+                )
+                written += len(part)
+                messages += sum(1 for e in part if e.type == "message")
+                last_seq = max(last_seq, part[-1].seq)
+                if on_progress is not None:
+                    on_progress(written)
+            copied = self._copied_ids(session_id, stream.label_keys())
+            registers, next_seq = stream.registers(last_seq, copied)
+            for regs in chunks(registers, size):
+                self._in_transaction(
+                    functools.partial(
+                        _write_registers, q=q, session_id=session_id, token=token, registers=regs
+                    )
+                )
+            # A create() of this id racing the import claims and releases the lease
+            # in one breath: wait for it rather than throw the import away.
+            claim, started = self._claim(session_id, rid, IMPORT_CLAIM_WAIT)
+            created_at = None if self.now_ms is None else self.now_ms()
+            payload = {
+                "session": session_id,
+                "parent_session_id": stream.parent_session_id,
+                "entries": written,
+                "next_seq": next_seq,
+            }
+
+            def apply(conn: Conn) -> None:
+                finish = (created_at, messages, next_seq, session_id, token)
+                if conn.execute(q.finish_import, finish).rowcount != 1:
+                    raise import_gone(session_id)
+
+            try:
+                result = self.store.mutate(
+                    Permit(rid, claim.revision, claim), "session.forked", apply, payload
+                )
+            except psycopg.Error as exc:
+                self._release_quietly(claim)
+                error = _mutation_error(self.store, exc)
+                raise error from cause_of(error, exc)
+            except BaseException:
+                self._release_quietly(claim)
+                raise
+        except BaseException:
+            self._discard_import(session_id, token)
+            raise
+        return self._handle(session_id, claim, started, result.revision, next_seq)
 
     # -- reading without the lease --
 
@@ -880,6 +1197,13 @@ class PostgresSessionRepository:
                     lease=lease,
                 )
             )
+        if session_id is None:
+            stale = self._fetch(self._q.stale_imports, (self.import_stale_after, None, None))
+            for sid, age in stale:
+                location = f"{self.store.schema}.sessions/{sid}"
+                listing.problems.append(
+                    SessionProblem(sid, location, stale_import_problem(sid, float(age)))
+                )
         listing.sessions.sort(key=lambda s: (-s.created_at, s.id))
         return listing
 

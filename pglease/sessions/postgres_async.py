@@ -12,6 +12,7 @@ side of `import_file` run in a worker thread (`asyncio.to_thread`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -19,7 +20,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,7 +49,17 @@ from .errors import (
     UnknownEntryError,
     WriterLeaseLostError,
 )
-from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork
+from .fork import (
+    ForkPlan,
+    ForkPosition,
+    ForkScope,
+    ForkStream,
+    checked_path,
+    checked_seq_order,
+    plan_fork,
+    resolve_fork,
+    resolve_fork_lookups,
+)
 from .ids import uuid7
 from .model import (
     AddUsage,
@@ -67,9 +78,14 @@ from .model import (
     load_json,
 )
 from .pg_core import (
+    IMPORT_CHUNK,
+    IMPORT_CLAIM_WAIT,
+    IMPORT_STALE_AFTER,
     OWNER_TYPE,
+    PURGE_CHUNK,
     RESOURCE_TYPE,
     Batch,
+    ChunkBuilder,
     CommitBuilder,
     Miss,
     PlanBuilder,
@@ -77,14 +93,20 @@ from .pg_core import (
     SeqMoved,
     Sql,
     cause_of,
+    check_chunk_size,
     check_scan_args,
+    check_stale_after,
     check_version,
+    chunks,
     driver_error,
     entry_from_row,
     first_page_for,
+    import_gone,
     new_owner_id,
     new_session_plan,
+    register_batches,
     register_from_row,
+    stale_import_problem,
     translate_unique,
     usage_from_row,
 )
@@ -95,7 +117,8 @@ from .repository import (
     SessionRepository,
     check_session_id,
 )
-from .repository import read_session_file as _read_session_file
+from .schema import EMPTY_USAGE_JSON, STORAGE_VERSION
+from .sqlite_file import STREAM_FETCH, file_fork_source
 from .writes import prepare_writes
 
 log = logging.getLogger("pglease.sessions")
@@ -161,6 +184,59 @@ async def write_plan_rows_async(
         await _replay(conn, index, functools.partial(build.step, i))
     async with conn.pipeline():
         await _send(conn, build.batches())
+
+
+async def _write_chunk(
+    conn: AConn, q: Sql, session_id: str, token: str, entries: list[Entry]
+) -> None:
+    """Asyncio twin of `postgres._write_chunk`."""
+    index = ReplayIndex(q, session_id)
+    build = ChunkBuilder(q, session_id, token, entries, index)
+    async with conn.pipeline():
+        cursors = {
+            name: await conn.execute(query, params)
+            for name, (query, params) in build.lookups().items()
+        }
+        results = {name: await cur.fetchall() for name, cur in cursors.items()}
+    build.start(results)
+    for i in range(len(entries)):
+        await _replay(conn, index, functools.partial(build.step, i))
+    async with conn.pipeline():
+        await _send(conn, build.batches())
+
+
+async def _write_registers(
+    conn: AConn, q: Sql, session_id: str, token: str, registers: list[Register]
+) -> None:
+    if not await (await conn.execute(q.touch_import, (session_id, token))).fetchall():
+        raise import_gone(session_id)
+    await _send(conn, register_batches(q, session_id, registers))
+
+
+#: How long the file-writing thread of a fork waits for one fetch of the
+#: source (the store's statement timeout usually ends a stuck one first).
+FETCH_WAIT = 300.0
+
+
+def _bridged(
+    loop: asyncio.AbstractEventLoop,
+    fetch: Callable[[], Coroutine[Any, Any, list[tuple[Any, ...]]]],
+) -> Iterator[Entry]:
+    """Entries of an async server-side cursor, for a consumer in a worker thread:
+    each fetch runs on the event loop (free while it awaits the thread)."""
+    while True:
+        future = asyncio.run_coroutine_threadsafe(fetch(), loop)
+        try:
+            rows = future.result(FETCH_WAIT)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise SessionError(
+                f"reading the source session stalled: no rows within {FETCH_WAIT:g} s"
+            ) from None
+        if not rows:
+            return
+        for row in rows:
+            yield entry_from_row(row)
 
 
 async def _read(store: AsyncPostgresStore, fn: Callable[[AConn], Awaitable[T]]) -> T:
@@ -606,6 +682,8 @@ class AsyncPostgresSessionRepository:
         renew_interval: float | None = 15.0,
         now_ms: NowMs | None = None,
         on_lost: Callable[[AsyncPostgresSession], None] | None = None,
+        import_chunk_entries: int = IMPORT_CHUNK,
+        import_stale_after: float = IMPORT_STALE_AFTER,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -618,6 +696,8 @@ class AsyncPostgresSessionRepository:
         self.renew_interval = renew_interval
         self.now_ms = now_ms
         self.on_lost = on_lost
+        self.import_chunk_entries = check_chunk_size(import_chunk_entries, "import_chunk_entries")
+        self.import_stale_after = check_stale_after(import_stale_after)
         self._q = Sql(store.schema)
         self._open: weakref.WeakSet[AsyncPostgresSession] = weakref.WeakSet()
 
@@ -755,10 +835,62 @@ class AsyncPostgresSessionRepository:
         position: ForkPosition = "at",
         id: str | None = None,
     ) -> AsyncPostgresSession:
+        """Streamed when the pool has two connections (see the sync twin)."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
-        plan = plan_fork(await self.snapshot(source_id), source_id, scope, entry_id, position)
-        return await self.create_from_plan(plan, new_id)
+        if self.store.limits.max_size < 2:
+            plan = plan_fork(await self.snapshot(source_id), source_id, scope, entry_id, position)
+            return await self.create_from_plan(plan, new_id)
+        q = self._q
+        handle: AsyncPostgresSession | None = None
+        try:
+            async with self.store.connection() as conn, conn.transaction():
+                await conn.execute(q.read_only)
+                row = await (await conn.execute(q.session_row, (source_id,))).fetchone()
+                if row is None:
+                    raise SessionNotFoundError(f"session {source_id} does not exist")
+                check_version(source_id, int(row[2]))
+                rows = await (await conn.execute(q.all_registers, (source_id,))).fetchall()
+                registers = tuple(register_from_row(r) for r in rows)
+                wanted = resolve_fork_lookups(registers, entry_id)
+                cur = await conn.execute(q.entries_by_ids, (source_id, wanted))
+                found = {r[0]: entry_from_row(r) for r in await cur.fetchall()}
+                shape = resolve_fork(registers, lambda ids: found, scope, entry_id, position)
+                size = self.import_chunk_entries
+                if shape.scope == "branch" and shape.tip is None:
+                    stream = ForkStream((), shape.lanes, registers, source_id, shape.scope)
+                    handle = await self._write_stream(new_id, stream, size, None)
+                    return handle
+                params: tuple[Any, ...]
+                if shape.scope == "tree":
+                    query, params = q.all_entries, (source_id,)
+                else:
+                    assert shape.tip is not None
+                    query, params = q.path_entries, (source_id, shape.tip, source_id, source_id)
+                await conn.execute(q.read_whole_cursor)
+                loop = asyncio.get_running_loop()
+                async with conn.cursor(name="pglease_session_fork") as server_cursor:
+                    await server_cursor.execute(query, params)
+                    # _write_stream pulls its chunks in a worker thread: the
+                    # bridge fetches on this loop, which is free meanwhile.
+                    raw = _bridged(loop, functools.partial(server_cursor.fetchmany, STREAM_FETCH))
+                    entries = (
+                        checked_seq_order(raw)
+                        if shape.scope == "tree"
+                        else checked_path(raw, shape.tip or "")
+                    )
+                    stream = ForkStream(entries, shape.lanes, registers, source_id, shape.scope)
+                    try:
+                        handle = await self._write_stream(new_id, stream, size, None)
+                    finally:
+                        stream.close()
+        except psycopg.Error as exc:
+            if handle is not None:  # the fork is complete; ending the source's snapshot failed
+                return handle
+            error = driver_error(self.store, exc)
+            raise error from cause_of(error, exc)
+        assert handle is not None
+        return handle
 
     async def fork_to_file(
         self,
@@ -769,16 +901,57 @@ class AsyncPostgresSessionRepository:
         position: ForkPosition = "at",
         id: str | None = None,
     ) -> Path:
+        """Streamed, as the sync twin's: the file is written in a worker thread
+        that pulls the rows of a server-side cursor through the event loop."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
         target = Path(directory) / (new_id + SUFFIX)
         if target.exists():
             raise SessionExistsError(f"session {new_id} already exists ({target})")
-        plan = plan_fork(await self.snapshot(source_id), source_id, scope, entry_id, position)
-        # Only now, with the source read and the plan valid: a missing directory
-        # is created on demand, and a refused fork must not leave one behind.
-        files = await asyncio.to_thread(SessionRepository, directory, renew_interval=None)
-        return await asyncio.to_thread(files.write_plan, plan, new_id)
+        q = self._q
+        loop = asyncio.get_running_loop()
+
+        async def run(conn: AConn) -> Path:
+            row = await (await conn.execute(q.session_row, (source_id,))).fetchone()
+            if row is None:
+                raise SessionNotFoundError(f"session {source_id} does not exist")
+            check_version(source_id, int(row[2]))
+            rows = await (await conn.execute(q.all_registers, (source_id,))).fetchall()
+            registers = tuple(register_from_row(r) for r in rows)
+            wanted = resolve_fork_lookups(registers, entry_id)
+            found_rows = await (
+                await conn.execute(q.entries_by_ids, (source_id, wanted))
+            ).fetchall()
+            found = {r[0]: entry_from_row(r) for r in found_rows}
+            shape = resolve_fork(registers, lambda ids: found, scope, entry_id, position)
+            # Only now, with the source read and the fork valid: a missing
+            # directory is created on demand; a refused fork leaves none.
+            files = await asyncio.to_thread(SessionRepository, directory, renew_interval=None)
+            if shape.scope == "branch" and shape.tip is None:
+                stream = ForkStream((), shape.lanes, registers, source_id, shape.scope)
+                return await asyncio.to_thread(files.write_stream, stream, new_id)
+            params: tuple[Any, ...]
+            if shape.scope == "tree":
+                query, params = q.all_entries, (source_id,)
+            else:
+                assert shape.tip is not None
+                query, params = q.path_entries, (source_id, shape.tip, source_id, source_id)
+            await conn.execute(q.read_whole_cursor)
+            async with conn.cursor(name="pglease_session_fork") as cur:
+                await cur.execute(query, params)
+                raw = _bridged(loop, functools.partial(cur.fetchmany, STREAM_FETCH))
+                entries = (
+                    checked_seq_order(raw)
+                    if shape.scope == "tree"
+                    else checked_path(raw, shape.tip or "")
+                )
+                stream = ForkStream(entries, shape.lanes, registers, source_id, shape.scope)
+                try:
+                    return await asyncio.to_thread(files.write_stream, stream, new_id)
+                finally:
+                    stream.close()
+
+        return await _read_consistent(self.store, q, run)
 
     async def export_to_file(
         self, source_id: str, directory: str | os.PathLike[str], id: str | None = None
@@ -786,14 +959,197 @@ class AsyncPostgresSessionRepository:
         return await self.fork_to_file(source_id, directory, "tree", id=id)
 
     async def import_file(
-        self, path: str | os.PathLike[str], id: str | None = None
+        self,
+        path: str | os.PathLike[str],
+        id: str | None = None,
+        *,
+        chunk_entries: int | None = None,
+        on_progress: Callable[[int], None] | None = None,
     ) -> AsyncPostgresSession:
+        """Streamed and chunked, as the sync twin's (the file is read in a
+        worker thread, one chunk at a time)."""
         file_path = Path(path)
         if file_path.suffix != ".sqlite":
             raise InvalidSessionWriteError(f"{file_path} is not a .sqlite session file")
         file_id = check_session_id(file_path.name[: -len(".sqlite")])
-        snapshot = await asyncio.to_thread(_read_session_file, file_path)
-        return await self.create_from_plan(plan_fork(snapshot, file_id, "tree"), id)
+        session_id = check_session_id(id) if id is not None else uuid7()
+        size = check_chunk_size(
+            self.import_chunk_entries if chunk_entries is None else chunk_entries
+        )
+        if not file_path.is_file():
+            raise SessionNotFoundError(f"session file {file_path} does not exist")
+        opened = file_fork_source(file_path)
+        source = await asyncio.to_thread(opened.__enter__)
+        try:
+            shape = await asyncio.to_thread(resolve_fork, source.registers, source.lookup, "tree")
+            stream = ForkStream(
+                checked_seq_order(source.entries()), shape.lanes, source.registers, file_id,
+                shape.scope,
+            )
+            try:
+                return await self._write_stream(session_id, stream, size, on_progress)
+            finally:
+                await asyncio.to_thread(stream.close)
+        finally:
+            await asyncio.to_thread(opened.__exit__, None, None, None)
+
+    # -- chunked imports (see the sync twin) --
+
+    async def _in_transaction(self, fn: Callable[[AConn], Awaitable[T]]) -> T:
+        conn: AConn | None = None
+        try:
+            async with self.store.connection() as conn, conn.transaction():
+                return await fn(conn)
+        except psycopg.Error as exc:
+            error = (
+                translate_unique(exc)
+                if isinstance(exc, psycopg.errors.UniqueViolation)
+                else driver_error(self.store, exc, conn is not None and conn.broken)
+            )
+            raise error from cause_of(error, exc)
+
+    async def _begin_import(
+        self, session_id: str, rid: str, token: str, parent: str | None
+    ) -> None:
+        params = (session_id, rid, parent, STORAGE_VERSION, EMPTY_USAGE_JSON, token)
+
+        async def insert(conn: AConn) -> int:
+            return (await conn.execute(self._q.begin_import, params)).rowcount
+
+        for _ in range(3):
+            if await self._in_transaction(insert):
+                return
+            rows = await self._fetch(self._q.import_state, (session_id,))
+            if not rows:
+                continue
+            hidden, age = rows[0]
+            if not hidden:
+                raise SessionExistsError(f"session {session_id} already exists")
+            if await self._take_and_purge(session_id, self.import_stale_after):
+                log.warning(
+                    "session %s: removed the hidden partial of an interrupted import", session_id
+                )
+                continue
+            raise SessionBusyError(
+                f"session {session_id}: another import of this id is in progress (last chunk"
+                f" {float(age):.1f} s ago; a partial counts as abandoned after"
+                f" {self.import_stale_after:g} s)"
+            )
+        raise SessionExistsError(f"session {session_id} already exists")
+
+    async def _purge_import(self, session_id: str, token: str) -> bool:
+        async def purge_some(conn: AConn) -> int:
+            touched = await conn.execute(self._q.touch_import, (session_id, token))
+            if not await touched.fetchall():
+                return -1
+            for query in self._q.purge_rows:
+                deleted = (await conn.execute(query, (session_id, PURGE_CHUNK))).rowcount
+                if deleted:
+                    return deleted
+            await conn.execute(self._q.drop_import, (session_id, token))
+            return 0
+
+        while True:
+            done = await self._in_transaction(purge_some)
+            if done <= 0:
+                return done == 0
+
+    async def _take_and_purge(self, session_id: str, stale_after: float) -> bool:
+        token = uuid7()
+
+        async def take(conn: AConn) -> list[tuple[Any, ...]]:
+            cur = await conn.execute(self._q.take_import, (token, session_id, stale_after))
+            return await cur.fetchall()
+
+        return bool(await self._in_transaction(take)) and await self._purge_import(
+            session_id, token
+        )
+
+    async def _discard_import(self, session_id: str, token: str) -> None:
+        try:
+            await self._purge_import(session_id, token)
+        except PgleaseError as exc:
+            log.warning("session %s: removing a failed import failed: %s", session_id, exc)
+
+    async def cleanup_imports(self, stale_after: float | None = None) -> list[str]:
+        """Remove stale hidden partial imports; return their ids (see the sync twin)."""
+        limit = self.import_stale_after if stale_after is None else check_stale_after(stale_after)
+        removed = []
+        for sid, _age in await self._fetch(self._q.stale_imports, (limit, None, None)):
+            if await self._take_and_purge(sid, limit):
+                removed.append(sid)
+        return removed
+
+    async def _copied_ids(self, session_id: str, ids: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(ids), 1000):
+            part = list(ids[start : start + 1000])
+            rows = await self._fetch(self._q.known_entries, (session_id, part))
+            found.update(r[0] for r in rows)
+        return found
+
+    async def _write_stream(
+        self,
+        session_id: str,
+        stream: ForkStream,
+        size: int,
+        on_progress: Callable[[int], None] | None,
+    ) -> AsyncPostgresSession:
+        q = self._q
+        rid = await self.store.ensure_resource(RESOURCE_TYPE, session_id)
+        token = uuid7()
+        await self._begin_import(session_id, rid, token, stream.parent_session_id)
+        try:
+            written = messages = last_seq = 0
+            parts = chunks(stream.entries, size)
+            while (part := await asyncio.to_thread(next, parts, None)) is not None:
+                await self._in_transaction(
+                    functools.partial(
+                        _write_chunk, q=q, session_id=session_id, token=token, entries=part
+                    )
+                )
+                written += len(part)
+                messages += sum(1 for e in part if e.type == "message")
+                last_seq = max(last_seq, part[-1].seq)
+                if on_progress is not None:
+                    on_progress(written)
+            copied = await self._copied_ids(session_id, stream.label_keys())
+            registers, next_seq = stream.registers(last_seq, copied)
+            for regs in chunks(registers, size):
+                await self._in_transaction(
+                    functools.partial(
+                        _write_registers, q=q, session_id=session_id, token=token, registers=regs
+                    )
+                )
+            claim, started = await self._claim(session_id, rid, IMPORT_CLAIM_WAIT)
+            created_at = None if self.now_ms is None else self.now_ms()
+            payload = {
+                "session": session_id,
+                "parent_session_id": stream.parent_session_id,
+                "entries": written,
+                "next_seq": next_seq,
+            }
+
+            async def apply(conn: AConn) -> None:
+                finish = (created_at, messages, next_seq, session_id, token)
+                if (await conn.execute(q.finish_import, finish)).rowcount != 1:
+                    raise import_gone(session_id)
+
+            try:
+                result = await self.store.mutate(
+                    Permit(rid, claim.revision, claim), "session.forked", apply, payload
+                )
+            except psycopg.Error as exc:
+                await self._release_quietly(claim)
+                error = _mutation_error(self.store, exc)
+                raise error from cause_of(error, exc)
+            except BaseException:
+                await self._release_quietly(claim)
+                raise
+        except BaseException:
+            await self._discard_import(session_id, token)
+            raise
+        return self._handle(session_id, claim, started, result.revision, next_seq)
 
     async def snapshot(self, session_id: str) -> SessionSnapshot:
         check_session_id(session_id)
@@ -834,6 +1190,13 @@ class AsyncPostgresSessionRepository:
                     lease=lease,
                 )
             )
+        if session_id is None:
+            stale = await self._fetch(self._q.stale_imports, (self.import_stale_after, None, None))
+            for sid, age in stale:
+                location = f"{self.store.schema}.sessions/{sid}"
+                listing.problems.append(
+                    SessionProblem(sid, location, stale_import_problem(sid, float(age)))
+                )
         listing.sessions.sort(key=lambda s: (-s.created_at, s.id))
         return listing
 

@@ -28,7 +28,7 @@ from .errors import (
     SessionNotFoundError,
     SessionTempFileError,
 )
-from .fork import ForkPlan, ForkPosition, ForkScope, plan_fork
+from .fork import ForkPlan, ForkPosition, ForkScope, ForkStream, plan_fork
 from .ids import uuid7
 from .model import SessionInfo, SessionSnapshot, load_json
 from .schema import EMPTY_USAGE_JSON, IDLE_LANE_STATE_JSON, MAIN_LANE, SCHEMA_SQL, STORAGE_VERSION
@@ -45,6 +45,7 @@ from .sqlite_file import (
     read_snapshot,
     transaction,
     wall_clock_ms,
+    write_stream_rows,
 )
 
 SUFFIX = ".sqlite"
@@ -516,6 +517,18 @@ class SessionRepository:
         return its path. A failure leaves no file."""
         new_id = check_session_id(id) if id is not None else uuid7()
         self._materialise(new_id, self._build_plan(plan, new_id, None))
+        return self.path_for(new_id)
+
+    def write_stream(self, stream: ForkStream, id: str | None = None) -> Path:
+        """`write_plan` for a streamed fork: entries are written as they are
+        read, so memory does not grow with the source. A failure leaves no file."""
+        new_id = check_session_id(id) if id is not None else uuid7()
+
+        def build(conn: sqlite3.Connection) -> None:
+            messages, next_seq = write_stream_rows(conn, stream)
+            self._write_session_row(conn, stream.parent_session_id, messages, next_seq)
+
+        self._materialise(new_id, build)
         return self.path_for(new_id)
 
     # -- listing and deleting --

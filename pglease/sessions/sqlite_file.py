@@ -33,6 +33,7 @@ from .errors import (
     UnknownEntryError,
     WriterLeaseLostError,
 )
+from .fork import ForkStream
 from .ids import uuid7
 from .model import (
     AddUsage,
@@ -809,3 +810,117 @@ class SqliteSession(ConvenienceWrites):
     def snapshot(self) -> SessionSnapshot:
         with self._lock, self._io():
             return read_snapshot(self._usable(), self._path)
+
+
+# --- streamed forks: a file as the source or the destination -------------------------------
+
+#: Entries read from a file per fetch when a fork or import streams it.
+STREAM_FETCH = 1000
+
+
+class FileForkSource:
+    """A session file read for a streamed fork, inside one read transaction
+    (`file_fork_source`): registers in memory, entries streamed in seq order."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, busy_timeout: float) -> None:
+        self.conn = conn
+        self.path = path
+        self.busy_timeout = busy_timeout
+        with mapped(path, busy_timeout):
+            self.registers = tuple(
+                Register(ns, key, seq, value)
+                for ns, key, seq, value in conn.execute(
+                    "SELECT namespace, key, seq, value FROM registers ORDER BY namespace, key"
+                )
+            )
+
+    def lookup(self, ids: Sequence[str]) -> dict[str, Entry]:
+        """The entries among `ids`."""
+        out: dict[str, Entry] = {}
+        with mapped(self.path, self.busy_timeout):
+            for start in range(0, len(ids), 500):
+                part = list(ids[start : start + 500])
+                marks = ", ".join("?" * len(part))
+                for row in self.conn.execute(
+                    f"SELECT {ENTRY_COLUMNS} FROM entries WHERE id IN ({marks})", part
+                ):
+                    entry = entry_from_row(row)
+                    out[entry.id] = entry
+        return out
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry in seq order, fetched `STREAM_FETCH` rows at a time."""
+        with mapped(self.path, self.busy_timeout):
+            cur = self.conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY seq, id")
+        try:
+            while True:
+                with mapped(self.path, self.busy_timeout):
+                    rows = cur.fetchmany(STREAM_FETCH)
+                if not rows:
+                    return
+                for row in rows:
+                    yield entry_from_row(row)
+        finally:
+            cur.close()
+
+
+@contextlib.contextmanager
+def file_fork_source(path: Path, busy_timeout: float = BUSY_TIMEOUT) -> Iterator[FileForkSource]:
+    """Open a session file (checked as `read_snapshot` checks it) for a streamed
+    fork: one read transaction for the whole block, the lease untouched."""
+    conn = connect(path, busy_timeout=busy_timeout)
+    try:
+        with mapped(path, busy_timeout):
+            conn.execute("BEGIN")
+            read_session_row(conn, path)
+        yield FileForkSource(conn, path, busy_timeout)
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
+
+
+def write_stream_rows(conn: sqlite3.Connection, stream: ForkStream) -> tuple[int, int]:
+    """Write a streamed fork's entries (through the branch index) and registers
+    into a new file's open transaction; return (message_count, next_seq).
+
+    Parents are looked up in the file itself (the previous entry is kept, as a
+    chain's parent almost always is), so memory does not grow with the source.
+    """
+    messages = 0
+    last_seq = 0
+    previous: Entry | None = None
+    for entry in stream.entries:
+        parent_seq: int | None = None
+        if entry.parent_id is not None:
+            if previous is not None and previous.id == entry.parent_id:
+                parent_seq = previous.seq
+            else:
+                row = conn.execute(
+                    "SELECT seq FROM entries WHERE id = ?", (entry.parent_id,)
+                ).fetchone()
+                if row is None:
+                    raise UnknownEntryError(
+                        f"entry {entry.id!r} has a missing parent {entry.parent_id!r}"
+                    )
+                parent_seq = int(row[0])
+        try:
+            insert_entry(conn, entry, parent_seq)
+        except sqlite3.IntegrityError as exc:
+            raise DuplicateIdError(f"id {entry.id!r} appears twice in the source") from exc
+        messages += entry.type == "message"
+        last_seq = max(last_seq, entry.seq)
+        previous = entry
+    keys = stream.label_keys()
+    copied: set[str] = set()
+    for start in range(0, len(keys), 500):
+        part = keys[start : start + 500]
+        marks = ", ".join("?" * len(part))
+        copied.update(
+            r[0] for r in conn.execute(f"SELECT id FROM entries WHERE id IN ({marks})", part)
+        )
+    registers, next_seq = stream.registers(last_seq, copied)
+    conn.executemany(
+        "INSERT INTO registers (namespace, key, seq, value) VALUES (?, ?, ?, ?)",
+        [(r.namespace, r.key, r.seq, r.value_json) for r in registers],
+    )
+    return messages, next_seq
