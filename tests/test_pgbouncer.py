@@ -366,3 +366,234 @@ def test_the_cli_through_the_pooler(store: PostgresStore, bouncer_dsn: str, sche
     finally:
         watched.terminate()
         watched.wait(timeout=30)
+
+
+# --- time limits on single statements ------------------------------------------------------
+
+
+def _lock_lease_row(dsn: str, schema: str, rid: str) -> psycopg.Connection[Any]:
+    """A direct connection holding the lease row's lock in an open transaction."""
+    conn = psycopg.connect(dsn)
+    conn.execute(f'SELECT 1 FROM "{schema}".leases WHERE resource_id = %s FOR UPDATE', [rid])
+    return conn
+
+
+def test_fast_path_and_reads_are_bounded_by_lock_timeout(
+    bouncer_dsn: str, pg_dsn: str, schema: str
+) -> None:
+    """A claim, renew or release, and a read, waiting on a lock held by another
+    connection end with LockTimeoutError (no session SET bounds them here)."""
+    from pglease.errors import LockTimeoutError
+
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.5) as s:
+        rid = s.ensure_resource("job", "locked")
+        claim = s.claim(rid, Owner("w", "1"), 30)
+        assert claim is not None
+        blocker = _lock_lease_row(pg_dsn, schema, rid)
+        try:
+            with pytest.raises(LockTimeoutError, match=r"lock_timeout=0\.5 s"):
+                s.claim(rid, Owner("w", "2"), 30)
+            with pytest.raises(LockTimeoutError):
+                s.renew(claim, 30)
+            with pytest.raises(LockTimeoutError):
+                s.release(claim)
+            # Reads: a table lock makes even a plain SELECT wait.
+            blocker.execute(f'LOCK TABLE "{schema}".resources IN ACCESS EXCLUSIVE MODE')
+            with pytest.raises(LockTimeoutError):
+                s.get(rid)
+            with pytest.raises(LockTimeoutError):
+                s.list_resources()
+            with pytest.raises(LockTimeoutError):
+                s.ensure_resource("job", "other")
+        finally:
+            blocker.rollback()
+            blocker.close()
+        # Nothing changed, and the limits ended with their transactions.
+        state = s.get(rid)
+        assert state.revision == claim.revision and state.lease.generation == claim.generation
+        assert s.renew(claim, 30).revision == claim.revision + 1
+    with psycopg.connect(bouncer_dsn, autocommit=True, prepare_threshold=None) as plain:
+        row = plain.execute("SHOW lock_timeout").fetchone()
+        assert row is not None and row[0] == "0"
+
+
+def test_fast_path_is_bounded_by_statement_timeout(
+    bouncer_dsn: str, pg_dsn: str, schema: str
+) -> None:
+    from pglease.errors import StatementTimeoutError
+
+    async def main() -> None:
+        async with AsyncPostgresStore(
+            bouncer_dsn, schema=schema, pooler=True, lock_timeout=None, statement_timeout=0.5
+        ) as s:
+            rid = await s.ensure_resource("job", "slow")
+            blocker = _lock_lease_row(pg_dsn, schema, rid)
+            try:
+                with pytest.raises(StatementTimeoutError, match=r"statement_timeout=0\.5 s"):
+                    await asyncio.wait_for(s.claim(rid, Owner("w", "1"), 30), 30)
+            finally:
+                blocker.rollback()
+                blocker.close()
+            assert await s.claim(rid, Owner("w", "1"), 30) is not None
+
+    asyncio.run(main())
+    with PostgresStore(
+        bouncer_dsn, schema=schema, pooler=True, lock_timeout=None, statement_timeout=0.5
+    ) as s:
+        rid = s.ensure_resource("job", "slow")
+        blocker = _lock_lease_row(pg_dsn, schema, rid)
+        try:
+            with pytest.raises(StatementTimeoutError):
+                s.claim(rid, Owner("w", "2"), 30)
+        finally:
+            blocker.rollback()
+            blocker.close()
+
+
+def test_a_session_set_does_not_last_a_set_local_does(bouncer_dsn: str) -> None:
+    """Why pglease sends SET LOCAL only: a session SET would stay on one server
+    connection (here the bouncer resets it, so it is simply gone next time)."""
+    with psycopg.connect(bouncer_dsn, autocommit=True, prepare_threshold=None) as conn:
+        conn.execute("SET lock_timeout = 1234")
+        row = conn.execute("SHOW lock_timeout").fetchone()
+        assert row is not None and row[0] == "0"  # not kept: another server connection
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = 1234")
+            row = conn.execute("SHOW lock_timeout").fetchone()
+            assert row is not None and row[0] == "1234ms"
+
+
+# --- fleet: fair acquire, elections, the reaper and prune ----------------------------------
+
+
+def test_fair_acquire_is_woken_by_release(store: PostgresStore, bouncer_dsn: str) -> None:
+    rid = store.ensure_resource("svc", "fair")
+    held = store.claim(rid, Owner("host", "a"), 120)
+    assert held is not None
+    out: dict[str, Any] = {}
+
+    def waiter(name: str) -> None:
+        try:
+            started = time.monotonic()
+            claim = store.acquire("svc", "fair", Owner("host", name), 60, timeout=60, fair=True)
+            out[name] = (claim, time.monotonic() - started)
+            time.sleep(0.3)
+            store.release(claim)
+        except BaseException as exc:
+            out[name] = exc
+
+    with Busy(bouncer_dsn):
+        first = threading.Thread(target=waiter, args=("b",))
+        first.start()
+        time.sleep(1.5)  # b queues first
+        second = threading.Thread(target=waiter, args=("c",))
+        second.start()
+        time.sleep(1.5)
+        store.release(held)
+        first.join(60)
+        second.join(60)
+    b_claim, b_waited = out["b"]
+    c_claim, _ = out["c"]
+    # In arrival order, far within the 120 s expiry and the 60 s timeout.
+    assert b_claim.generation == held.generation + 1
+    assert c_claim.generation == b_claim.generation + 1
+    assert b_waited < 20
+
+
+def test_elect_leader_resign(store: PostgresStore, bouncer_dsn: str) -> None:
+    from pglease.fleet import ELECTION_TYPE
+
+    elected = threading.Event()
+    deposed = threading.Event()
+    with Busy(bouncer_dsn):
+        first = store.elect("sched", Owner("host", "a"), ttl=3, on_elected=lambda _: elected.set(),
+                            on_deposed=lambda _: deposed.set())  # fmt: skip
+        try:
+            assert first.wait_elected(30)
+            leader = store.leader("sched")
+            assert leader is not None and leader.owner == Owner("host", "a")
+            second = store.elect("sched", Owner("host", "b"), ttl=3)
+            try:
+                time.sleep(3.5)  # more than a ttl: the leader's beats keep it
+                assert first.is_leader and not second.is_leader
+                first.stop()  # resigns
+                assert deposed.is_set()
+                assert second.wait_elected(30)
+                now = store.leader("sched")
+                assert now is not None and now.owner == Owner("host", "b")
+                assert now.generation == leader.generation + 1
+            finally:
+                second.stop()
+        finally:
+            first.stop()
+    assert store.leader("sched") is None
+    rid = store.ensure_resource(ELECTION_TYPE, "sched")
+    assert [e.type for e in store.events(rid)][-1] == "lease.released"
+
+
+def test_async_elect_hold_and_acquire(bouncer_dsn: str, schema: str) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(bouncer_dsn, schema=schema, pooler=True, max_size=3) as s:
+            election = await s.elect("sched", Owner("host", "a"), ttl=3)
+            try:
+                assert await asyncio.wait_for(_until(lambda: election.is_leader), 30)
+                leader = await s.leader("sched")
+                assert leader is not None and leader.owner == Owner("host", "a")
+            finally:
+                await election.stop()
+            assert await s.leader("sched") is None
+
+            async with s.hold("svc", "h", Owner("host", "h1"), ttl=1.0) as lease:
+                first = lease.expires_at
+                await asyncio.sleep(2.0)
+                lease.check()
+                assert lease.expires_at > first
+                # acquire waits for the holder and is woken by its release
+                waiter = asyncio.create_task(
+                    s.acquire("svc", "h", Owner("host", "h2"), 30, timeout=30)
+                )
+                await asyncio.sleep(1.0)
+                assert not waiter.done()
+            started = time.monotonic()
+            claim = await asyncio.wait_for(waiter, 30)
+            assert claim.owner == Owner("host", "h2") and time.monotonic() - started < 10
+            fair = asyncio.create_task(
+                s.acquire("svc", "h", Owner("host", "h3"), 30, timeout=30, fair=True)
+            )
+            await asyncio.sleep(1.0)
+            await s.release(claim)
+            assert (await asyncio.wait_for(fair, 30)).owner == Owner("host", "h3")
+
+    asyncio.run(main())
+
+
+async def _until(predicate: Any) -> bool:
+    while not predicate():
+        await asyncio.sleep(0.05)
+    return True
+
+
+def test_reaper_and_prune(store: PostgresStore, bouncer_dsn: str, schema: str) -> None:
+    from pglease.watch import Reaper, prune, reap_once
+
+    rids = [store.ensure_resource("run", k) for k in ("r1", "r2")]
+    for rid in rids:
+        assert store.claim(rid, Owner("host", "a"), 0.05) is not None
+    time.sleep(0.2)
+    with Busy(bouncer_dsn):
+        assert reap_once(store) == 2
+        assert reap_once(store) == 0
+        rid3 = store.ensure_resource("run", "r3")
+        assert store.claim(rid3, Owner("host", "a"), 0.05) is not None
+        with Reaper(store, Owner("host", "reaper"), interval=0.1) as reaper:
+            deadline = time.monotonic() + 30
+            while reaper.reaped < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert reaper.reaped == 1 and reaper.active
+    for rid in [*rids, rid3]:
+        assert [e.type for e in store.events(rid)] == ["lease.claimed", "lease.expired"]
+    before = len(store.events_after("start"))
+    assert prune(store, 3600) == 0  # nothing that old
+    time.sleep(1.2)
+    pruned = prune(store, 1)
+    assert pruned >= 6 and len(store.events_after("start")) == before - pruned
