@@ -378,6 +378,26 @@ def _lock_lease_row(dsn: str, schema: str, rid: str) -> psycopg.Connection[Any]:
     return conn
 
 
+def _raised_within(fn: Any, limit: float = 60.0) -> BaseException | None:
+    """What `fn()` raised, run on a thread: a call that hangs fails the test after
+    `limit` seconds instead of hanging the suite (the caller's `finally` then
+    releases the lock it waits for)."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            out.append(None)
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert out, f"still waiting after {limit:g} s: the statement is not bounded"
+    return out[0]
+
+
 def test_fast_path_and_reads_are_bounded_by_lock_timeout(
     bouncer_dsn: str, pg_dsn: str, schema: str
 ) -> None:
@@ -391,20 +411,23 @@ def test_fast_path_and_reads_are_bounded_by_lock_timeout(
         assert claim is not None
         blocker = _lock_lease_row(pg_dsn, schema, rid)
         try:
-            with pytest.raises(LockTimeoutError, match=r"lock_timeout=0\.5 s"):
-                s.claim(rid, Owner("w", "2"), 30)
-            with pytest.raises(LockTimeoutError):
-                s.renew(claim, 30)
-            with pytest.raises(LockTimeoutError):
-                s.release(claim)
+            raised = _raised_within(lambda: s.claim(rid, Owner("w", "2"), 30))
+            assert isinstance(raised, LockTimeoutError), raised
+            assert "lock_timeout=0.5 s" in str(raised)
+            assert isinstance(_raised_within(lambda: s.renew(claim, 30)), LockTimeoutError)
+            assert isinstance(_raised_within(lambda: s.release(claim)), LockTimeoutError)
             # Reads: a table lock makes even a plain SELECT wait.
-            blocker.execute(f'LOCK TABLE "{schema}".resources IN ACCESS EXCLUSIVE MODE')
-            with pytest.raises(LockTimeoutError):
-                s.get(rid)
-            with pytest.raises(LockTimeoutError):
-                s.list_resources()
-            with pytest.raises(LockTimeoutError):
-                s.ensure_resource("job", "other")
+            blocker.execute(
+                f'LOCK TABLE "{schema}".resources, "{schema}".events IN ACCESS EXCLUSIVE MODE'
+            )
+            for read in (
+                lambda: s.get(rid),
+                lambda: s.list_resources(),
+                lambda: s.events(rid),
+                lambda: s.ensure_resource("job", "other"),
+            ):
+                raised = _raised_within(read)
+                assert isinstance(raised, LockTimeoutError), raised
         finally:
             blocker.rollback()
             blocker.close()
@@ -443,8 +466,8 @@ def test_fast_path_is_bounded_by_statement_timeout(
         rid = s.ensure_resource("job", "slow")
         blocker = _lock_lease_row(pg_dsn, schema, rid)
         try:
-            with pytest.raises(StatementTimeoutError):
-                s.claim(rid, Owner("w", "2"), 30)
+            raised = _raised_within(lambda: s.claim(rid, Owner("w", "2"), 30))
+            assert isinstance(raised, StatementTimeoutError), raised
         finally:
             blocker.rollback()
             blocker.close()
