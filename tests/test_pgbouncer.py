@@ -620,3 +620,174 @@ def test_reaper_and_prune(store: PostgresStore, bouncer_dsn: str, schema: str) -
     time.sleep(1.2)
     pruned = prune(store, 1)
     assert pruned >= 6 and len(store.events_after("start")) == before - pruned
+
+
+# --- sessions in PostgreSQL ----------------------------------------------------------------
+
+
+def test_postgres_sessions(store: PostgresStore, bouncer_dsn: str, tmp_path: Path) -> None:
+    from pglease.sessions import (
+        PostgresSessionRepository,
+        SessionAlreadyClaimedError,
+        SessionRepository,
+        SetRegister,
+    )
+
+    with Busy(bouncer_dsn), PostgresSessionRepository(store, renew_interval=None) as repo:
+        with repo.create("s1") as session:
+            first = session.append_message(None, {"role": "user", "content": "hi"})
+            second = session.append_message(first.id, {"role": "assistant", "content": "yo"})
+            session.commit([SetRegister("lane.leaf", "main", second.id)])
+            # The writer lease is held by this writer and refused to a second one.
+            with pytest.raises(SessionAlreadyClaimedError, match=session.owner_id):
+                repo.open("s1")
+            assert [e.id for e in session.scan_branch(second.id)] == [second.id, first.id]
+        path = repo.fork_to_file("s1", tmp_path, "branch", second.id, id="f1")
+        assert path == tmp_path / "f1.sqlite"
+        files = SessionRepository(tmp_path, renew_interval=None)
+        with files.open("f1") as local:
+            third = local.append_message(second.id, {"role": "user", "content": "offline"})
+            local.commit([SetRegister("lane.leaf", "main", third.id)])
+        with repo.import_file(path, id="back") as back:
+            leaf = back.get_register("lane.leaf", "main")
+            assert leaf is not None and leaf.value == third.id
+            ids = [e.id for e in back.scan_branch(third.id)]
+            assert ids == [third.id, second.id, first.id]
+        assert sorted(repo.list().ids()) == ["back", "s1"]
+
+
+def test_async_postgres_sessions(bouncer_dsn: str, schema: str, tmp_path: Path) -> None:
+    from pglease.sessions import (
+        AsyncPostgresSessionRepository,
+        SessionAlreadyClaimedError,
+        SetRegister,
+    )
+
+    async def main() -> None:
+        async with (
+            AsyncPostgresStore(bouncer_dsn, schema=schema, pooler=True, max_size=3) as s,
+            AsyncPostgresSessionRepository(s, renew_interval=None) as repo,
+        ):
+            async with await repo.create("a1") as session:
+                entry = await session.append_message(None, {"role": "user", "content": "hi"})
+                await session.commit([SetRegister("lane.leaf", "main", entry.id)])
+                with pytest.raises(SessionAlreadyClaimedError):
+                    await repo.open("a1")
+            path = await repo.fork_to_file("a1", tmp_path, "tree", id="af")
+            async with await repo.import_file(path, id="aback") as back:
+                leaf = await back.get_register("lane.leaf", "main")
+                assert leaf is not None and leaf.value == entry.id
+
+    with Busy(bouncer_dsn):
+        asyncio.run(main())
+
+
+# --- every CLI command with --pooler -------------------------------------------------------
+
+
+def _cli(
+    dsn: str, schema: str, *args: str, timeout: float = 90, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "pglease", "--pooler", "--dsn", dsn, "--schema", schema, *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
+
+
+def test_every_cli_command_through_the_pooler(
+    store: PostgresStore, bouncer_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    import json
+    import sys
+
+    def run(*args: str, code: int = 0) -> str:
+        done = _cli(bouncer_dsn, schema, *args)
+        assert done.returncode == code, (args, done.stdout, done.stderr)
+        return done.stdout
+
+    claimed = json.loads(run("--json", "claim", "job", "c", "--owner", "host:a", "--ttl", "30"))
+    token = claimed["token"]
+    renewed = json.loads(run("--json", "renew", "job", "c", "--owner", "host:a",
+                             f"--token={token}", "--ttl", "40"))  # fmt: skip
+    assert renewed["revision"] == claimed["revision"] + 1
+    run("claim", "job", "c", "--owner", "host:b", "--ttl", "30", code=3)
+    got = json.loads(run("--json", "get", "job", "c"))
+    assert got["lease"]["holder"] == "host:a" and got["revision"] == renewed["revision"]
+    assert "resources" in run("status")
+    json.loads(run("--json", "status"))
+    assert "host:a" in run("ls", "--held")
+    run("release", "job", "c", "--owner", "host:a", f"--token={token}")
+    run("release", "job", "c", "--owner", "host:a", f"--token={token}", code=4)
+    types = [json.loads(line)["type"] for line in run("--json", "events", "job", "c").splitlines()]
+    assert types == ["lease.claimed", "lease.renewed", "lease.released"]
+    # revoke (as the owner: this role migrated the schema)
+    run("claim", "job", "r", "--owner", "host:a", "--ttl", "60")
+    run("revoke", "job", "r")
+    assert json.loads(run("--json", "get", "job", "r"))["lease"]["holder"] is None
+    # elections: elect as a process, leader, resign
+    elect = subprocess.Popen(
+        [sys.executable, "-m", "pglease", "--pooler", "--dsn", bouncer_dsn, "--schema", schema,
+         "--json", "elect", "sched", "--owner", "host:e", "--ttl", "6"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert elect.stdout is not None
+        assert json.loads(elect.stdout.readline())["leader"] == "host:e"
+        leader = json.loads(run("--json", "leader", "sched"))
+        assert leader["leader"] == "host:e" and leader["generation"] == 1
+        run("resign", "sched")
+        _, err = elect.communicate(timeout=60)
+        assert elect.returncode == 75, err
+    finally:
+        if elect.poll() is None:
+            elect.kill()
+            elect.wait(30)
+    run("leader", "sched", code=3)
+    # reap and prune
+    run("claim", "job", "x", "--owner", "host:a", "--ttl", "50ms")
+    time.sleep(0.2)
+    run("reap", "--once")
+    assert json.loads(run("--json", "events", "job", "x").splitlines()[-1])["type"] == (
+        "lease.expired"
+    )
+    dry = json.loads(run("--json", "prune", "--older-than", "1h", "--dry-run"))
+    assert dry["dry_run"] and dry["would_delete"] == 0
+    # hold and watch --poll
+    out = run("hold", "job", "h", "--owner", "host:h", "--ttl", "6", "--", sys.executable, "-c",
+              "import os; print('fence', os.environ['PGLEASE_FENCE'])")  # fmt: skip
+    assert "fence 1" in out
+    watched = subprocess.Popen(
+        [sys.executable, "-m", "pglease", "--pooler", "--dsn", bouncer_dsn, "--schema", schema,
+         "--json", "watch", "--poll", "--after", "start", "--type", "job"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert watched.stdout is not None
+        assert json.loads(watched.stdout.readline())["type"] == "lease.claimed"
+    finally:
+        watched.terminate()
+        watched.wait(30)
+    # doctor says a pooler is in between and that pooler mode is on
+    report = json.loads(run("--json", "doctor", code=1))
+    pooler = [c for c in report["checks"] if c["name"] == "pooler"]
+    assert pooler and "pooler mode is on" in pooler[0]["detail"], pooler
+    # sessions
+    from pglease.sessions import PostgresSessionRepository
+
+    with (
+        PostgresSessionRepository(store, renew_interval=None) as repo,
+        repo.create("cs") as session,
+    ):
+        session.append_message(None, {"role": "user", "content": "hi"})
+    listing = json.loads(run("--json", "session", "ls"))
+    assert [s["id"] for s in listing["sessions"]] == ["cs"]
+    assert json.loads(run("--json", "session", "show", "cs"))["entry_count"] == 1
+    forked = json.loads(run("--json", "session", "fork", "cs", "--to", str(tmp_path),
+                            "--scope", "tree", "--id", "cf"))  # fmt: skip
+    assert forked["entries"] == 1
+    exported = json.loads(run("--json", "session", "export", "cs", "--to", str(tmp_path),
+                              "--id", "ce"))  # fmt: skip
+    imported = json.loads(run("--json", "session", "import", exported["path"], "--id", "ci"))
+    assert imported["id"] == "ci" and imported["entries"] == 1
