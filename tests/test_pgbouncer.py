@@ -523,6 +523,47 @@ def test_fair_acquire_is_woken_by_release(store: PostgresStore, bouncer_dsn: str
     assert b_waited < 20
 
 
+def test_acquire_behind_a_locked_lease_row_is_bounded(
+    bouncer_dsn: str, pg_dsn: str, schema: str
+) -> None:
+    """A locked lease row is "busy" for acquire (it retries after lock_timeout)
+    and its own timeout ends the wait, fair or not: no hang in pooler mode."""
+    from pglease.errors import AcquireTimeoutError
+
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.3) as s:
+        rid = s.ensure_resource("svc", "locked")
+        blocker = _lock_lease_row(pg_dsn, schema, rid)
+        try:
+            for fair in (False, True):
+                raised = _raised_within(
+                    lambda fair=fair: s.acquire(
+                        "svc", "locked", Owner("host", "w"), 30, timeout=2, fair=fair
+                    )
+                )
+                assert isinstance(raised, AcquireTimeoutError), raised
+        finally:
+            blocker.rollback()
+            blocker.close()
+        assert s.acquire("svc", "locked", Owner("host", "w"), 30, timeout=10).generation == 1
+
+        async def main() -> None:
+            async with AsyncPostgresStore(
+                bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.3
+            ) as a:
+                other = await a.ensure_resource("svc", "alocked")
+                blocker = _lock_lease_row(pg_dsn, schema, other)
+                try:
+                    with pytest.raises(AcquireTimeoutError):
+                        await asyncio.wait_for(
+                            a.acquire("svc", "alocked", Owner("host", "w"), 30, timeout=2), 60
+                        )
+                finally:
+                    blocker.rollback()
+                    blocker.close()
+
+        asyncio.run(main())
+
+
 def test_elect_leader_resign(store: PostgresStore, bouncer_dsn: str) -> None:
     from pglease.fleet import ELECTION_TYPE
 
@@ -654,6 +695,28 @@ def test_postgres_sessions(store: PostgresStore, bouncer_dsn: str, tmp_path: Pat
             ids = [e.id for e in back.scan_branch(third.id)]
             assert ids == [third.id, second.id, first.id]
         assert sorted(repo.list().ids()) == ["back", "s1"]
+
+
+def test_session_reads_are_bounded(bouncer_dsn: str, pg_dsn: str, schema: str) -> None:
+    from pglease.errors import LockTimeoutError
+    from pglease.sessions import PostgresSessionRepository
+
+    with (
+        PostgresStore(bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.5) as s,
+        PostgresSessionRepository(s, renew_interval=None) as repo,
+        repo.create("b1") as session,
+    ):
+        entry = session.append_message(None, {"role": "user", "content": "hi"})
+        blocker = psycopg.connect(pg_dsn)
+        try:
+            blocker.execute(f'LOCK TABLE "{schema}".session_entries IN ACCESS EXCLUSIVE MODE')
+            for read in (lambda: session.get_entry(entry.id), lambda: repo.snapshot("b1")):
+                raised = _raised_within(read)
+                assert isinstance(raised, LockTimeoutError), raised
+        finally:
+            blocker.rollback()
+            blocker.close()
+        assert session.get_entry(entry.id) == entry
 
 
 def test_async_postgres_sessions(bouncer_dsn: str, schema: str, tmp_path: Path) -> None:
