@@ -75,6 +75,8 @@ class AsyncPostgresStore:
         self._q = Queries(schema)
         #: Pooler mode: the limits as SET LOCAL, run first in each mutate transaction.
         self._local_limits = self._limits.local_settings if self.pooler else None
+        #: Pooler mode: the same as one statement, pipelined ahead of each read.
+        self._local_config = self._limits.local_config if self.pooler else None
         # Pooler mode sets nothing per session: the limits go per transaction
         # (mutate), and the fast path sends unnamed statements.
         self._fast = AsyncFastPath(
@@ -175,12 +177,21 @@ class AsyncPostgresStore:
             "connection to PostgreSQL failed: every connection tried had been closed by the server"
         )
 
-    async def _read(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+    async def _read(
+        self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], bounded: bool = True
+    ) -> T:
         """Run a read (or an idempotent write) once more on a fresh connection when
-        the connection breaks under it: running it twice is harmless."""
+        the connection breaks under it: running it twice is harmless.
+
+        In pooler mode `fn` runs in a transaction that starts with the limits as
+        SET LOCAL (pipelined with it), as in `PostgresStore._read`."""
         for attempt in (1, 2):
             conn = await self._take()
             try:
+                if bounded and self._local_config is not None:
+                    async with conn.pipeline(), conn.transaction():
+                        await conn.execute(self._local_config)
+                        return await fn(conn)
                 return await fn(conn)
             except psycopg.Error as exc:
                 broken = conn.broken
@@ -279,7 +290,7 @@ class AsyncPostgresStore:
                 else:
                     discard(conn)  # never reuse it without its limits
 
-        return await self._read(run)  # migrating is idempotent
+        return await self._read(run, bounded=False)  # idempotent; migrators wait on purpose
 
     async def ensure_resource(self, resource_type: str, key: str) -> str:
         row = await self._one(self._q.ensure, list(_core.ensure_args(resource_type, key)))
