@@ -149,8 +149,23 @@ def redis_server(base: Path) -> Iterator[str]:
     if exe is None:
         raise FileNotFoundError("redis-server not on PATH (Debian: apt-get install redis-server)")
     sock = base / "redis.sock"
-    argv = [exe, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
-            "--save", "", "--appendonly", "no", "--dir", str(base), "--daemonize", "no"]
+    argv = [
+        exe,
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(base),
+        "--daemonize",
+        "no",
+    ]
 
     def ping() -> bool:
         with socket.socket(socket.AF_UNIX) as s:
@@ -172,13 +187,34 @@ def etcd_server(base: Path) -> Iterator[str]:
         raise FileNotFoundError("etcd not on PATH (Debian: apt-get install etcd-server)")
     client, peer = free_port(), free_port()
     curl, purl = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    argv = [exe, "--name", "peers", "--data-dir", str(base / "etcd"),
-            "--listen-client-urls", curl, "--advertise-client-urls", curl,
-            "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
-            "--initial-cluster", f"peers={purl}", "--initial-cluster-state", "new",
-            # Txn cycles make revisions fast; compaction keeps the database small.
-            "--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000",
-            "--logger", "zap", "--log-level", "warn"]
+    argv = [
+        exe,
+        "--name",
+        "peers",
+        "--data-dir",
+        str(base / "etcd"),
+        "--listen-client-urls",
+        curl,
+        "--advertise-client-urls",
+        curl,
+        "--listen-peer-urls",
+        purl,
+        "--initial-advertise-peer-urls",
+        purl,
+        "--initial-cluster",
+        f"peers={purl}",
+        "--initial-cluster-state",
+        "new",
+        # Txn cycles make revisions fast; compaction keeps the database small.
+        "--auto-compaction-mode",
+        "revision",
+        "--auto-compaction-retention",
+        "10000",
+        "--logger",
+        "zap",
+        "--log-level",
+        "warn",
+    ]
 
     def healthy() -> bool:
         with urllib.request.urlopen(f"{curl}/health", timeout=2) as r:
@@ -210,10 +246,18 @@ def ensure_venv(root: Path, peer: Peer) -> Path:
     wanted = "\n".join(peer.packages)
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(where)], check=True,
-                   capture_output=True, timeout=300)
-    done = subprocess.run([str(python), "-m", "pip", "install", "-q", *peer.packages],
-                          capture_output=True, text=True, timeout=900)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--clear", str(where)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", *peer.packages],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"pip exited {done.returncode}"])[-1]
         raise RuntimeError(f"pip install {' '.join(peer.packages)} failed: {last}")
@@ -251,10 +295,13 @@ def setup_pg(dsn: str, keys: int) -> None:
 def tidy_pg(dsn: str) -> None:
     """Between runs: free leftover raw holders, vacuum the hot tables, checkpoint."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE peers_raw.lease SET holder = NULL, expires_at = NULL"
-                     " WHERE holder IS NOT NULL")
-        conn.execute("VACUUM (ANALYZE) peers_raw.lease, peers_dislock.key_value,"
-                     " peers_pglease.leases, peers_pglease.resources")
+        conn.execute(
+            "UPDATE peers_raw.lease SET holder = NULL, expires_at = NULL WHERE holder IS NOT NULL"
+        )
+        conn.execute(
+            "VACUUM (ANALYZE) peers_raw.lease, peers_dislock.key_value,"
+            " peers_pglease.leases, peers_pglease.resources"
+        )
         conn.execute("CHECKPOINT")
 
 
@@ -270,18 +317,32 @@ def tooz_url(dsn: str) -> str:
     """tooz wants ``postgresql://user@host/db``, with a socket directory as the host option."""
     info = psycopg.conninfo.conninfo_to_dict(dsn)
     host, port = str(info.get("host", "")), str(info.get("port", "5432"))
-    return (f"postgresql://{info.get('user', 'postgres')}@localhost/{info.get('dbname', 'postgres')}"
-            f"?host={host}&port={port}")
+    return (
+        f"postgresql://{info.get('user', 'postgres')}@localhost/{info.get('dbname', 'postgres')}"
+        f"?host={host}&port={port}"
+    )
 
 
 # --------------------------------------------------------------------------- running
 
 
-def run_worker(python: Path, peer: Peer, target: str, cell: Cell, args: argparse.Namespace
-               ) -> dict[str, Any]:
-    argv = [str(python), str(WORKERS / peer.worker), "--target", target,
-            "--threads", str(cell.threads), "--seconds", str(args.seconds),
-            "--warmup", str(args.warmup), "--keys", str(args.keys)]
+def run_worker(
+    python: Path, peer: Peer, target: str, cell: Cell, args: argparse.Namespace
+) -> dict[str, Any]:
+    argv = [
+        str(python),
+        str(WORKERS / peer.worker),
+        "--target",
+        target,
+        "--threads",
+        str(cell.threads),
+        "--seconds",
+        str(args.seconds),
+        "--warmup",
+        str(args.warmup),
+        "--keys",
+        str(args.keys),
+    ]
     if cell.hot:
         argv.append("--hot")
     if peer.mode:
@@ -315,8 +376,10 @@ def report(results: list[Result], cells: list[Cell], rounds: int) -> str:
     lines: list[str] = []
     for r in range(1, rounds + 1):
         lines.append(f"\n### run {r}\n")
-        lines.append("| cell | peer | cycles/s | x raw | x ours | p99 ms | client CPU us/cycle"
-                     " | refused | errors |")
+        lines.append(
+            "| cell | peer | cycles/s | x raw | x ours | p99 ms | client CPU us/cycle"
+            " | refused | errors |"
+        )
         lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for cell in cells:
             rows = [x for x in results if x.round == r and x.cell == cell.label]
@@ -326,25 +389,35 @@ def report(results: list[Result], cells: list[Cell], rounds: int) -> str:
             for x in rows:
                 name = f"{x.peer} ({x.position})" if x.position else x.peer
                 if x.failure:
-                    lines.append(f"| {cell.label} | {name} | failed: {x.failure} |"
-                                 " | | | | | |")
+                    lines.append(f"| {cell.label} | {name} | failed: {x.failure} | | | | | | |")
                     continue
                 f = x.figures
-                lines.append(
-                    f"| {cell.label} | {name} | {x.rate:,.0f} | {fmt(x.rate / raw if raw else None, '.2f')}"
-                    f" | {fmt(x.rate / ours if ours else None, '.2f')} | {fmt(f.get('p99_ms'), '.2f')}"
-                    f" | {fmt(x.cpu_us, ',.0f')} | {f.get('refused', 0):,} | {f.get('errors', 0):,} |"
-                )
+                cols = [
+                    cell.label,
+                    name,
+                    f"{x.rate:,.0f}",
+                    fmt(x.rate / raw if raw else None, ".2f"),
+                    fmt(x.rate / ours if ours else None, ".2f"),
+                    fmt(f.get("p99_ms"), ".2f"),
+                    fmt(x.cpu_us, ",.0f"),
+                    f"{f.get('refused', 0):,}",
+                    f"{f.get('errors', 0):,}",
+                ]
+                lines.append("| " + " | ".join(cols) + " |")
             if len(raws) == 2 and raws[0]:
-                lines.append(f"| {cell.label} | drift (raw last / first) | {raws[1] / raws[0]:.2f}"
-                             " | | | | | | |")
+                lines.append(
+                    f"| {cell.label} | drift (raw last / first) | {raws[1] / raws[0]:.2f}"
+                    " | | | | | | |"
+                )
     return "\n".join(lines)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", default="1,4,8", help="uniform-key cells (comma list)")
-    p.add_argument("--hot-threads", type=int, default=8, help="threads in the hot-key cell; 0 skips")
+    p.add_argument(
+        "--hot-threads", type=int, default=8, help="threads in the hot-key cell; 0 skips"
+    )
     p.add_argument("--seconds", type=float, default=4.0, help="measured window per run")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--keys", type=int, default=10_000)
@@ -363,13 +436,17 @@ def main() -> None:
     peers = [x for x in PEERS if not keep or x.name in keep]
 
     started = datetime.now(UTC)
-    print(f"# peers bench, {started:%Y-%m-%d %H:%M} UTC, load average at start: "
-          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(
+        f"# peers bench, {started:%Y-%m-%d %H:%M} UTC, load average at start: "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
     print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
     for k, v in machine_info().items():
         print(f"- {k}: {v}")
-    print(f"- disk under {tempfile.gettempdir()}: "
-          + tool_version(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "-T", tempfile.gettempdir()]))
+    print(
+        f"- disk under {tempfile.gettempdir()}: "
+        + tool_version(["findmnt", "-n", "-o", "SOURCE,FSTYPE", "-T", tempfile.gettempdir()])
+    )
 
     root = Path(args.venvs)
     root.mkdir(parents=True, exist_ok=True)
@@ -386,7 +463,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pglease-peers-")))
         dsn = stack.enter_context(throwaway_server())
-        servers = {"redis": None, "etcd": None}
+        servers: dict[str, str | None] = {"redis": None, "etcd": None}
         for name, start in (("redis", redis_server), ("etcd", etcd_server)):
             if not any(x.server == name for x in peers):
                 continue
@@ -399,14 +476,23 @@ def main() -> None:
                     if x.server == name:
                         skipped[x.name] = f"{name} server: {exc}"
         setup_pg(dsn, args.keys)
-        print("- postgresql: " + ", ".join(f"{k} {v}" for k, v in pg_facts(dsn).items())
-              + " (unix socket)")
+        print(
+            "- postgresql: "
+            + ", ".join(f"{k} {v}" for k, v in pg_facts(dsn).items())
+            + " (unix socket)"
+        )
         if servers["redis"]:
-            print("- redis: " + tool_version(["redis-server", "--version"])
-                  + " (unix socket; --save '' --appendonly no: nothing is persisted)")
+            print(
+                "- redis: "
+                + tool_version(["redis-server", "--version"])
+                + " (unix socket; --save '' --appendonly no: nothing is persisted)"
+            )
         if servers["etcd"]:
-            print("- etcd: " + tool_version(["etcd", "--version"])
-                  + " (one member, loopback TCP, fsync on: the default)")
+            print(
+                "- etcd: "
+                + tool_version(["etcd", "--version"])
+                + " (one member, loopback TCP, fsync on: the default)"
+            )
         for name, why in skipped.items():
             print(f"- skipped {name}: {why}")
 
@@ -428,12 +514,14 @@ def main() -> None:
                         res.failure = str(exc)[:200]
                     results.append(res)
                     tag = res.failure or f"{res.rate:,.0f}/s"
-                    print(f"  run {rnd} {cell.label:>12} {peer.name:<22} {position:<5} {tag}",
-                          flush=True)
+                    print(
+                        f"  run {rnd} {cell.label:>12} {peer.name:<22} {position:<5} {tag}",
+                        flush=True,
+                    )
 
     print("\n## versions")
-    for name, v in versions.items():
-        print(f"- {name}: " + ", ".join(f"{k} {val}" for k, val in v.items()))
+    for peer_name, vers in versions.items():
+        print(f"- {peer_name}: " + ", ".join(f"{k} {val}" for k, val in vers.items()))
     print(f"- python: {platform.python_version()} for every venv")
     print(report(results, cells, args.rounds))
     errs = {x.peer: x.figures.get("error_messages") for x in results if x.figures.get("errors")}

@@ -31,7 +31,9 @@ Closer = Callable[[], Awaitable[None]]
 MAX_ERRORS_PER_THREAD = 1000
 
 
-def parse_args(extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+def parse_args(
+    extra: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--target", required=True, help="DSN or endpoint of the server")
     p.add_argument("--threads", type=int, required=True)
@@ -50,7 +52,7 @@ def key_index(rng: random.Random, args: argparse.Namespace) -> int:
 
 
 class _Counter:
-    __slots__ = ("cycles", "refused", "errors", "lat", "measuring", "messages")
+    __slots__ = ("cycles", "errors", "lat", "measuring", "messages", "refused")
 
     def __init__(self) -> None:
         self.cycles = 0
@@ -74,13 +76,11 @@ class _Counter:
 def _percentile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
-    k = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return sorted_values[k]
 
 
-def _report(
-    counters: list[_Counter], window: float, cpu: float, extra: dict[str, Any]
-) -> None:
+def _report(counters: list[_Counter], window: float, cpu: float, extra: dict[str, Any]) -> None:
     lat = sorted(x for c in counters for x in c.lat)
     messages = [m for c in counters for m in c.messages][:5]
     out = {

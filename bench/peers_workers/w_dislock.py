@@ -35,8 +35,12 @@ def main() -> None:
     def make_leaselock(i: int) -> Cycle:
         contexts = [
             LockContext(
-                url=args.target, table_parts=TABLE, lock_key=f"k{k}", owner=f"w{i}",
-                run_ttl_seconds=TTL, lease_interval_seconds=10.0,
+                url=args.target,
+                table_parts=TABLE,
+                lock_key=f"k{k}",
+                owner=f"w{i}",
+                run_ttl_seconds=TTL,
+                lease_interval_seconds=10.0,
             )
             for k in range(args.keys)
         ]

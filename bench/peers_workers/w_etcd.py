@@ -53,7 +53,8 @@ def main() -> None:
                 async def session_cycle(rng: random.Random) -> bool:
                     key = names[key_index(rng, args)]
                     ok, _ = await client.transaction(
-                        compare=[tx.version(key) == 0], success=[tx.put(key, me, lease=lease.id)],
+                        compare=[tx.version(key) == 0],
+                        success=[tx.put(key, me, lease=lease.id)],
                         failure=[],
                     )
                     if not ok:
@@ -68,7 +69,8 @@ def main() -> None:
                 lease = await client.lease(TTL)
                 try:
                     ok, _ = await client.transaction(
-                        compare=[tx.version(key) == 0], success=[tx.put(key, me, lease=lease.id)],
+                        compare=[tx.version(key) == 0],
+                        success=[tx.put(key, me, lease=lease.id)],
                         failure=[],
                     )
                 finally:

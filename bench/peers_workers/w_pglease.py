@@ -8,6 +8,7 @@ import random
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -39,7 +40,10 @@ def main() -> None:
         run_async(args, ids, extra)
         return
     store = PostgresStore(
-        args.target, schema=SCHEMA, min_size=args.threads, max_size=args.threads,
+        args.target,
+        schema=SCHEMA,
+        min_size=args.threads,
+        max_size=args.threads,
         auto_migrate=False,
     )
 
@@ -58,11 +62,14 @@ def main() -> None:
     run_threads(args, make, extra, store.close)
 
 
-def run_async(args: argparse.Namespace, ids: list[str], extra: dict[str, object]) -> None:
+def run_async(args: argparse.Namespace, ids: list[str], extra: dict[str, Any]) -> None:
     async def setup() -> tuple[Callable[[int], Awaitable[AsyncCycle]], Closer]:
         store = await AsyncPostgresStore.open(
-            args.target, schema=SCHEMA, min_size=args.threads,
-            max_size=args.threads, auto_migrate=False,
+            args.target,
+            schema=SCHEMA,
+            min_size=args.threads,
+            max_size=args.threads,
+            auto_migrate=False,
         )
         await store.pool.wait()
 
