@@ -292,6 +292,51 @@ def setup_pg(dsn: str, keys: int) -> None:
         store.ensure_resource("bench", "k0")
 
 
+def refusal_wal(dsn: str, refusals: int = 200) -> dict[str, float]:
+    """WAL bytes one refused claim writes, raw UPDATE vs pglease, on a lease held by another.
+
+    A refusal that writes WAL has an xid, so its commit waits for a flush: that is
+    what the hot-key cell measures.
+    """
+    from pglease import Owner
+
+    out: dict[str, float] = {}
+    with (
+        PostgresStore(dsn, schema="peers_pglease", min_size=1, max_size=1) as store,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
+        rid = store.ensure_resource("bench", "k0")
+        held = store.claim(rid, Owner("bench", "holder"), 600.0)
+        conn.execute(
+            "UPDATE peers_raw.lease SET holder = 'holder', expires_at = now() + interval '600 s'"
+            " WHERE key = 'k0'"
+        )
+        raw_claim = (
+            "UPDATE peers_raw.lease SET holder = 'other', expires_at = now() + interval '30 s',"
+            " gen = gen + 1 WHERE key = 'k0' AND (holder IS NULL OR expires_at <= now())"
+            " RETURNING gen"
+        )
+
+        def refuse_raw() -> bool:
+            return conn.execute(raw_claim).fetchone() is None
+
+        def refuse_ours() -> bool:
+            return store.claim(rid, Owner("bench", "other"), 30.0) is None
+
+        for name, refuse in ((RAW, refuse_raw), (OURS, refuse_ours)):
+            lsn0 = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]  # type: ignore[index]
+            if not all(refuse() for _ in range(refusals)):
+                raise SystemExit(f"refusal_wal: {name} claimed a held lease")
+            moved = conn.execute(
+                "SELECT pg_current_wal_insert_lsn() - %s::pg_lsn", [str(lsn0)]
+            ).fetchone()[0]  # type: ignore[index]
+            out[name] = float(moved) / refusals
+        if held is not None:
+            store.release(held)
+        conn.execute("UPDATE peers_raw.lease SET holder = NULL, expires_at = NULL WHERE key = 'k0'")
+    return out
+
+
 def tidy_pg(dsn: str) -> None:
     """Between runs: free leftover raw holders, vacuum the hot tables, checkpoint."""
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -476,6 +521,11 @@ def main() -> None:
                     if x.server == name:
                         skipped[x.name] = f"{name} server: {exc}"
         setup_pg(dsn, args.keys)
+        wal = refusal_wal(dsn)
+        print(
+            "- WAL bytes per refused claim (200 on a held lease): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in wal.items())
+        )
         print(
             "- postgresql: "
             + ", ".join(f"{k} {v}" for k, v in pg_facts(dsn).items())
