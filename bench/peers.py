@@ -478,6 +478,11 @@ def main() -> None:
     if args.hot_threads > 0:
         cells.append(Cell(args.hot_threads, True))
     keep = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = keep - {x.name for x in PEERS}
+    if unknown:
+        raise SystemExit(
+            f"--only: unknown peer(s) {sorted(unknown)}; known: {[x.name for x in PEERS]}"
+        )
     peers = [x for x in PEERS if not keep or x.name in keep]
 
     started = datetime.now(UTC)
