@@ -306,6 +306,17 @@ with PostgresStore(dsn, schema=schema, max_size=2) as store:
         scope = "tree" if op == "export-before" else "branch"
         plan = plan_fork(repo.snapshot(source), source, scope, entry or None)
         SessionRepository(directory, renew_interval=None).write_plan(plan, new_id)
+    elif op in ("file-fork", "file-fork-branch"):
+        directory, source, entry = arg.split("|")
+        scope = "tree" if op == "file-fork" else "branch"
+        files = SessionRepository(directory, renew_interval=None)
+        files.fork(source, scope, entry or None, id=new_id).close()
+    elif op in ("file-fork-before", "file-fork-branch-before"):
+        directory, source, entry = arg.split("|")
+        scope = "tree" if op == "file-fork-before" else "branch"
+        files = SessionRepository(directory, renew_interval=None)
+        plan = plan_fork(files.snapshot(source), source, scope, entry or None)
+        files.create_from_plan(plan, new_id).close()
     seconds = time.perf_counter() - started
 print(json.dumps({"seconds": seconds, "rss_before_mb": before, "rss_peak_mb": rss(),
                   "chunks": len(gaps), "longest_chunk_ms": max(gaps, default=0) * 1000,
@@ -418,11 +429,24 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                 out_dir = Path(tmp) / f"out-{size}{mode}"
                 out_dir.mkdir()
                 pg_id = f"pg-{size}{mode}"
-                steps = [
-                    (f"import{mode}", str(path), pg_id, size),
-                    (f"export{mode}", f"{pg_id}|{out_dir}|", "exported", size),
-                    (f"fork-branch{mode}", f"{pg_id}|{out_dir}|{middle}", "branch", size // 2 + 1),
-                ]
+                steps = []
+                if not args.big_no_pg:
+                    steps += [
+                        (f"import{mode}", str(path), pg_id, size),
+                        (f"export{mode}", f"{pg_id}|{out_dir}|", "exported", size),
+                        (f"fork-branch{mode}", f"{pg_id}|{out_dir}|{middle}", "branch", 0),
+                    ]
+                if args.big_files:
+                    # file -> file in the source's directory (SessionRepository.fork)
+                    steps += [
+                        (f"file-fork{mode}", f"{src_dir}|{path.stem}|", f"ff{mode}", 0),
+                        (
+                            f"file-fork-branch{mode}",
+                            f"{src_dir}|{path.stem}|{middle}",
+                            f"ffb{mode}",
+                            0,
+                        ),
+                    ]
                 if args.big_pg_fork:
                     steps.append((f"fork-pg{mode}", pg_id, f"copy-{size}{mode}", size))
                 if not mode and args.big_fail:
@@ -445,7 +469,8 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                             ).fetchone()
                         copied = int(count[0]) if count else -1
                     else:
-                        copied = len(read_session_file_entries(out_dir / f"{new_id}.sqlite"))
+                        out = src_dir if op.startswith("file-") else out_dir
+                        copied = len(read_session_file_entries(out / f"{new_id}.sqlite"))
                     if r["purge_s"] is not None:
                         op = f"{op} (then its purge: {r['purge_s']:.2f} s)"
                     rows.append(
@@ -503,6 +528,12 @@ def main() -> None:
     parser.add_argument("--big-only", action="store_true")
     parser.add_argument("--big-fail", action="store_true", help="also an import that fails")
     parser.add_argument("--big-pg-fork", action="store_true", help="also a tree fork in PostgreSQL")
+    parser.add_argument(
+        "--big-files", action="store_true", help="also file-to-file forks (tree and branch)"
+    )
+    parser.add_argument(
+        "--big-no-pg", action="store_true", help="skip the import, export and branch export"
+    )
     parser.add_argument(
         "--big-before", type=int, default=0, help="also the old path, up to this size"
     )

@@ -286,6 +286,13 @@ class Sql:
                 "session_entries",
             )
         ]
+        # A chunked delete hides the session the way an import is hidden (a
+        # token of its own) inside its fenced `session.deleted` mutation, then
+        # removes the rows like a failed import's purge.
+        self.hide_session = q(
+            "UPDATE {s}.sessions SET import_token = %s, import_touched_at = clock_timestamp()"
+            " WHERE id = %s AND import_token IS NULL RETURNING 1"
+        )
         self.drop_import = q("DELETE FROM {s}.sessions WHERE id = %s AND import_token = %s")
         self.finish_import = q(
             "UPDATE {s}.sessions SET import_token = NULL, import_touched_at = NULL,"
@@ -874,7 +881,8 @@ IMPORT_CHUNK = 500
 #: Seconds the end of an import waits for the new session's lease (held only
 #: by a create() of the same id racing it, and only for a moment).
 IMPORT_CLAIM_WAIT = 10.0
-#: Rows deleted per transaction when a partial import is removed.
+#: Rows deleted per transaction when a partial import or a deleted session is
+#: removed (5,000 rows: 10-20 ms a transaction, bench/RESULTS-sessions.md).
 PURGE_CHUNK = 5000
 #: A hidden partial import whose last chunk is older than this (seconds, by
 #: the database clock) is taken to be abandoned.
@@ -884,8 +892,9 @@ IMPORT_STALE_AFTER = 120.0
 def stale_import_problem(session_id: str, age: float) -> SessionError:
     """How `list()` reports the hidden partial of an interrupted import."""
     return SessionError(
-        f"session {session_id}: an interrupted import left a hidden partial (no progress for"
-        f" {age:.0f} s); the next import of this id or cleanup_imports() removes it"
+        f"session {session_id}: an interrupted import or delete left a hidden partial (no"
+        f" progress for {age:.0f} s); the next import of this id or cleanup_imports()"
+        " removes it"
     )
 
 
@@ -969,6 +978,15 @@ def chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
             batch = []
     if batch:
         yield batch
+
+
+def delete_interrupted(session_id: str, exc: PgleaseError) -> SessionError:
+    """A chunked delete that stopped after hiding the session."""
+    return SessionError(
+        f"session {session_id} is deleted (hidden at once) but removing its rows stopped:"
+        f" {exc}; the hidden remainder is removed by cleanup_imports() once stale, or by"
+        " the next import of this id"
+    )
 
 
 def check_chunk_size(value: object, name: str = "chunk_entries") -> int:

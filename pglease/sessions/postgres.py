@@ -105,6 +105,7 @@ from .pg_core import (
     check_stale_after,
     check_version,
     chunks,
+    delete_interrupted,
     driver_error,
     entry_from_row,
     first_page_for,
@@ -1039,24 +1040,36 @@ class PostgresSessionRepository:
             )
         raise SessionExistsError(f"session {session_id} already exists")
 
-    def _purge_import(self, session_id: str, token: str) -> bool:
-        """Delete a hidden import's rows in short transactions, each checking the
-        token (a purge never touches a session that became visible)."""
+    def _purge_import(
+        self,
+        session_id: str,
+        token: str,
+        size: int = PURGE_CHUNK,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> bool:
+        """Delete a hidden import's (or deleted session's) rows in short
+        transactions of `size` rows, each checking the token (a purge never
+        touches a session that became visible); `on_progress(rows_removed)`
+        after each. False when another cleanup took the partial over."""
 
         def purge_some(conn: Conn) -> int:
             if not conn.execute(self._q.touch_import, (session_id, token)).fetchall():
                 return -1
             for query in self._q.purge_rows:
-                deleted = conn.execute(query, (session_id, PURGE_CHUNK)).rowcount
+                deleted = conn.execute(query, (session_id, size)).rowcount
                 if deleted:
                     return deleted
             conn.execute(self._q.drop_import, (session_id, token))  # the row is locked: ours
             return 0
 
+        removed = 0
         while True:
             done = self._in_transaction(purge_some)
             if done <= 0:
                 return done == 0
+            removed += done
+            if on_progress is not None:
+                on_progress(removed)
 
     def _take_and_purge(self, session_id: str, stale_after: float) -> bool:
         """Take over a stale partial import (a new token) and remove it."""
@@ -1222,24 +1235,42 @@ class PostgresSessionRepository:
             raise SessionNotFoundError(f"session {session_id} does not exist")
         return listing.sessions[0]
 
-    def delete(self, session_id: str) -> None:
+    def delete(
+        self,
+        session_id: str,
+        *,
+        chunk_rows: int | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> None:
         """Delete a session and all its rows. Refused while a writer lease is live
-        (checked in the deleting transaction itself)."""
+        (checked in the fenced transaction that hides the session).
+
+        Chunked, so no transaction grows with the session: that transaction
+        (with the `session.deleted` event) hides the session at once, as an
+        import's token does; its rows then go in transactions of `chunk_rows`
+        rows (default 5,000). `on_progress(rows_removed)` runs after each. A
+        delete that stops midway (killed, connection lost) leaves a hidden
+        remainder, reported by `list()` once stale and removed by
+        `cleanup_imports()` or the next import of the id."""
         check_session_id(session_id)
+        size = check_chunk_size(PURGE_CHUNK if chunk_rows is None else chunk_rows, "chunk_rows")
         if not self.exists(session_id):
             raise SessionNotFoundError(f"session {session_id} does not exist")
         rid = resource_id(RESOURCE_TYPE, session_id)
+        token = uuid7()
 
-        def apply(conn: Conn) -> None:
-            conn.execute(self._q.delete_session, (session_id,))
+        def hide(conn: Conn) -> None:
+            cur = conn.execute(self._q.hide_session, (token, session_id))
+            if not cur.fetchall():
+                raise SessionNotFoundError(f"session {session_id} does not exist")
 
         for attempt in (1, 2, 3):
-            revision = self.store.get(rid).revision
+            revision = (self.store.get(rid)).revision
             try:
                 self.store.mutate(
-                    Permit(rid, revision), "session.deleted", apply, {"session": session_id}
+                    Permit(rid, revision), "session.deleted", hide, {"session": session_id}
                 )
-                return
+                break
             except ResourceLeasedError as exc:
                 raise SessionBusyError(f"session {session_id} is leased: {exc}") from None
             except StaleResourceError:
@@ -1248,6 +1279,10 @@ class PostgresSessionRepository:
             except psycopg.Error as exc:
                 error = _mutation_error(self.store, exc)
                 raise error from cause_of(error, exc)
+        try:
+            self._purge_import(session_id, token, size, on_progress)
+        except PgleaseError as exc:
+            raise delete_interrupted(session_id, exc) from exc
 
 
 __all__ = [
