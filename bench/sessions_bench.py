@@ -306,6 +306,12 @@ with PostgresStore(dsn, schema=schema, max_size=2) as store:
         scope = "tree" if op == "export-before" else "branch"
         plan = plan_fork(repo.snapshot(source), source, scope, entry or None)
         SessionRepository(directory, renew_interval=None).write_plan(plan, new_id)
+    elif op == "delete":
+        repo.delete(arg, on_progress=progress)
+    elif op == "delete-before":
+        # the old path: one DELETE, the rows going by ON DELETE CASCADE
+        with store.connection() as conn, conn.transaction():
+            conn.execute(f'DELETE FROM "{schema}".sessions WHERE id = %s', (arg,))
     elif op in ("file-fork", "file-fork-branch"):
         directory, source, entry = arg.split("|")
         scope = "tree" if op == "file-fork" else "branch"
@@ -355,9 +361,99 @@ class XactSampler:
         self._thread.join(timeout=30)
 
 
-def run_child(op: str, dsn: str, schema: str, arg: str, new_id: str, chunk: int) -> dict[str, Any]:
+class StallSampler(XactSampler):
+    """`XactSampler` that also keeps, every 2 ms, what each client transaction
+    with an xid waits on and what the checkpointer and autovacuum do: enough
+    to tell a slow chunk's own work from a stall of the server."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self.samples: list[tuple[float, str, Any, Any, Any, Any, Any]] = []
+        self.before: dict[str, Any] = {}
+        self.after: dict[str, Any] = {}
+
+    @staticmethod
+    def counters(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for view in ("pg_stat_checkpointer", "pg_stat_wal"):
+            cur = conn.execute(f"SELECT * FROM {view}")
+            row = cur.fetchone()
+            names = [d.name for d in cur.description or ()]
+            out.update({f"{view}.{n}": v for n, v in zip(names, row or (), strict=False)})
+        return out
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            self.before = self.counters(conn)
+            while not self._stop.wait(0.002):
+                rows = conn.execute(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8, backend_type,"
+                    " pid, extract(epoch FROM xact_start)::float8, wait_event_type, wait_event,"
+                    " left(query, 60) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                    " AND ((backend_type = 'client backend' AND backend_xid IS NOT NULL)"
+                    " OR backend_type IN ('checkpointer', 'autovacuum worker', 'walwriter'))"
+                ).fetchall()
+                for row in rows:
+                    self.samples.append(row)
+                    if row[1] == "client backend" and row[3] is not None:
+                        self.longest = max(self.longest, row[0] - row[3])
+            self.after = self.counters(conn)
+
+    def report(self, slow_ms: float = 100.0) -> list[str]:
+        """Transactions longer than `slow_ms`, with the waits seen in them."""
+        from collections import Counter
+
+        xacts: dict[tuple[Any, Any], list[Any]] = {}
+        for row in self.samples:
+            if row[1] == "client backend" and row[3] is not None:
+                xacts.setdefault((row[2], row[3]), []).append(row)
+        durations = sorted(
+            ((rows[-1][0] - start) * 1000, start, rows) for (_pid, start), rows in xacts.items()
+        )
+        lines = [f"transactions seen: {len(durations)}"]
+        if durations:
+            ms = [d for d, _s, _r in durations]
+            lines.append(
+                f"duration ms: median {statistics.median(ms):.0f}, p99"
+                f" {ms[int(len(ms) * 0.99)]:.0f}, max {ms[-1]:.0f}"
+            )
+        by_start = sorted(durations, key=lambda d: d[1])
+        if len(by_start) >= 8:
+            q = len(by_start) // 4
+            parts = [by_start[i * q : (i + 1) * q] for i in range(4)]
+            lines.append(
+                "median duration by quarter of the run (ms): "
+                + ", ".join(f"{statistics.median(d for d, _s, _r in p):.0f}" for p in parts)
+            )
+        for duration, start, rows in durations:
+            if duration < slow_ms:
+                continue
+            end = rows[-1][0]
+            waits = Counter(f"{r[4]}:{r[5]}" for r in rows)
+            others = Counter(
+                f"{r[1]} {r[4]}:{r[5]}"
+                for r in self.samples
+                if r[1] != "client backend" and start <= r[0] <= end and r[4] is not None
+            )
+            lines.append(
+                f"- {duration:.0f} ms: own waits {dict(waits.most_common(4))};"
+                f" beside it {dict(others.most_common(4))}"
+            )
+        keys = [k for k in self.after if isinstance(self.after[k], int | float)]
+        delta = {
+            k.split(".", 1)[1]: self.after[k] - self.before.get(k, 0)
+            for k in keys
+            if self.after[k] != self.before.get(k)
+        }
+        lines.append(f"counter deltas: {delta}")
+        return lines
+
+
+def run_child(
+    op: str, dsn: str, schema: str, arg: str, new_id: str, chunk: int, diagnose: bool = False
+) -> dict[str, Any]:
     root = str(Path(__file__).resolve().parent.parent)
-    with XactSampler(dsn) as sampler:
+    with StallSampler(dsn) if diagnose else XactSampler(dsn) as sampler:
         out = subprocess.run(
             [sys.executable, "-c", CHILD, root, op, dsn, schema, arg, new_id, str(chunk)],
             capture_output=True,
@@ -369,6 +465,9 @@ def run_child(op: str, dsn: str, schema: str, arg: str, new_id: str, chunk: int)
         raise RuntimeError(f"{op} failed: {out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     result["longest_xact_ms"] = sampler.longest * 1000
+    if isinstance(sampler, StallSampler):
+        result["diagnosis"] = sampler.report()
+        print(f"{op}:", *sampler.report(), sep="\n  ", flush=True)
     return result
 
 
@@ -449,6 +548,8 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                     ]
                 if args.big_pg_fork:
                     steps.append((f"fork-pg{mode}", pg_id, f"copy-{size}{mode}", size))
+                if args.big_delete and not args.big_no_pg:
+                    steps.append((f"delete{mode}", pg_id, pg_id, 0))
                 if not mode and args.big_fail:
                     steps.append(("import-fail", f"{path}|{size}", f"failed-{size}", 0))
                 for op, arg, new_id, copied in steps:
@@ -459,8 +560,9 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                         arg,
                         new_id,
                         args.import_chunk,
+                        args.big_diagnose and op.startswith(("import", "delete")),
                     )
-                    if op.startswith(("import", "fork-pg")):
+                    if op.startswith(("import", "fork-pg", "delete")):
                         with psycopg.connect(dsn) as conn:
                             count = conn.execute(
                                 f'SELECT count(*) FROM "{schema}".session_entries'
@@ -530,6 +632,14 @@ def main() -> None:
     parser.add_argument("--big-pg-fork", action="store_true", help="also a tree fork in PostgreSQL")
     parser.add_argument(
         "--big-files", action="store_true", help="also file-to-file forks (tree and branch)"
+    )
+    parser.add_argument(
+        "--big-delete", action="store_true", help="also delete the imported session"
+    )
+    parser.add_argument(
+        "--big-diagnose",
+        action="store_true",
+        help="sample waits, checkpoints and WAL during imports and deletes",
     )
     parser.add_argument(
         "--big-no-pg", action="store_true", help="skip the import, export and branch export"
