@@ -588,6 +588,8 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                         )
                     )
                     print(rows[-1], flush=True)
+                    if args.big_explain and op == "import":
+                        print(*explain_chunk(dsn, schema, new_id), sep="\n", flush=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     return [
@@ -599,6 +601,59 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
+
+
+def explain_chunk(dsn: str, schema: str, session_id: str, n: int = 500) -> list[str]:
+    """EXPLAIN (ANALYZE, BUFFERS) of one import chunk's statements against an
+    imported session (`n` new entries after its last seq, one branch), in a
+    transaction that is rolled back: what a late chunk costs once the tables
+    hold the session's rows."""
+    from pglease.sessions.pg_core import Sql
+
+    q = Sql(schema)
+    out: list[str] = []
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            f'SELECT max(seq) FROM "{schema}".session_entries WHERE session_id = %s',
+            (session_id,),
+        ).fetchone()
+        top = int(row[0]) if row and row[0] is not None else 0
+        tip = conn.execute(
+            f'SELECT id FROM "{schema}".session_entries WHERE session_id = %s AND seq = %s',
+            (session_id, top),
+        ).fetchone()
+        parent = tip[0] if tip else None
+
+        def explain(label: str, query: bytes, params: tuple[Any, ...]) -> None:
+            plan = conn.execute(b"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) " + query, params)
+            text = [r[0] for r in plan.fetchall()]
+            total = next((t for t in text if t.startswith("Execution Time")), "?")
+            buffers = next((t.strip() for t in text if "Buffers:" in t), "")
+            out.append(f"- {label}: {total}; {buffers}; {text[0].strip()}")
+
+        explain("known_entries (1 parent)", q.known_entries, (session_id, [parent]))
+        explain("segments_by_tips (1 tip)", q.segments_by_tips, (session_id, [parent]))
+        started = time.perf_counter()
+        for i in range(n):
+            new_id = f"x{i}"
+            params = (session_id, new_id, parent, top + 1 + i, "message", None, 1, '{"m":1}')
+            if i in (0, n - 1):
+                explain(f"insert_entry #{i + 1}", q.insert_entry, params)
+                explain(
+                    f"insert_branch_row #{i + 1}",
+                    q.insert_branch_row,
+                    (session_id, "b", new_id, top + 1 + i, "message"),
+                )
+            else:
+                conn.execute(q.insert_entry, params)
+                conn.execute(q.insert_branch_row, (session_id, "b", new_id, top + 1 + i, "message"))
+            parent = new_id
+        out.append(
+            f"- {n} entries + branch rows, one statement each: "
+            f"{(time.perf_counter() - started) * 1000:.0f} ms (rolled back)"
+        )
+        conn.rollback()
+    return out
 
 
 def read_session_file_entries(path: Path) -> list[Any]:
@@ -632,6 +687,9 @@ def main() -> None:
     parser.add_argument("--big-pg-fork", action="store_true", help="also a tree fork in PostgreSQL")
     parser.add_argument(
         "--big-files", action="store_true", help="also file-to-file forks (tree and branch)"
+    )
+    parser.add_argument(
+        "--big-explain", action="store_true", help="EXPLAIN a chunk's statements after imports"
     )
     parser.add_argument(
         "--big-delete", action="store_true", help="also delete the imported session"
