@@ -368,7 +368,7 @@ class StallSampler(XactSampler):
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
-        self.samples: list[tuple[float, str, Any, Any, Any, Any, Any]] = []
+        self.samples: list[tuple[Any, ...]] = []
         self.before: dict[str, Any] = {}
         self.after: dict[str, Any] = {}
 
@@ -389,13 +389,13 @@ class StallSampler(XactSampler):
                 rows = conn.execute(
                     "SELECT extract(epoch FROM clock_timestamp())::float8, backend_type,"
                     " pid, extract(epoch FROM xact_start)::float8, wait_event_type, wait_event,"
-                    " left(query, 60) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
-                    " AND ((backend_type = 'client backend' AND backend_xid IS NOT NULL)"
+                    " backend_xid IS NOT NULL FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                    " AND ((backend_type = 'client backend' AND xact_start IS NOT NULL)"
                     " OR backend_type IN ('checkpointer', 'autovacuum worker', 'walwriter'))"
                 ).fetchall()
                 for row in rows:
                     self.samples.append(row)
-                    if row[1] == "client backend" and row[3] is not None:
+                    if row[1] == "client backend" and row[6]:
                         self.longest = max(self.longest, row[0] - row[3])
             self.after = self.counters(conn)
 
@@ -407,14 +407,24 @@ class StallSampler(XactSampler):
         for row in self.samples:
             if row[1] == "client backend" and row[3] is not None:
                 xacts.setdefault((row[2], row[3]), []).append(row)
+        whole = sorted((rows[-1][0] - start) * 1000 for (_p, start), rows in xacts.items())
+        # from here on: the part of each transaction that holds an xid
+        xacts = {k: [r for r in rows if r[6]] for k, rows in xacts.items()}
+        xacts = {k: rows for k, rows in xacts.items() if rows}
         durations = sorted(
-            ((rows[-1][0] - start) * 1000, start, rows) for (_pid, start), rows in xacts.items()
+            ((rows[-1][0] - rows[0][0]) * 1000, start, rows)
+            for (_pid, start), rows in xacts.items()
         )
-        lines = [f"transactions seen: {len(durations)}"]
+        lines = [f"transactions seen: {len(whole)}, {len(durations)} with an xid"]
+        if whole:
+            lines.append(
+                f"whole transaction ms: median {statistics.median(whole):.0f},"
+                f" p99 {whole[int(len(whole) * 0.99)]:.0f}, max {whole[-1]:.0f}"
+            )
         if durations:
             ms = [d for d, _s, _r in durations]
             lines.append(
-                f"duration ms: median {statistics.median(ms):.0f}, p99"
+                f"with the xid, ms: median {statistics.median(ms):.0f}, p99"
                 f" {ms[int(len(ms) * 0.99)]:.0f}, max {ms[-1]:.0f}"
             )
         by_start = sorted(durations, key=lambda d: d[1])

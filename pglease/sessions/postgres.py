@@ -205,18 +205,29 @@ def write_plan_rows(
 
 def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> None:
     """One import chunk, in the caller's transaction: lookups in one round trip,
-    the branch index, then every write in one more."""
+    the branch index, then the token check and every write in one more (the
+    check first: the xid is taken only then, see `ChunkBuilder`)."""
     build = ChunkBuilder(q, session_id, token, entries, PgBranchIndex(conn, q, session_id))
+    lookups = build.lookups()
+    results: dict[str, list[Row]] = {}
+    if lookups:
+        with conn.pipeline():
+            cursors = {name: conn.execute(*read) for name, read in lookups.items()}
+            results = {name: cur.fetchall() for name, cur in cursors.items()}
+    try:
+        build.start(results)
+        for i in range(len(entries)):
+            build.step(i)
+    except PgleaseError:
+        # A parent missing may mean a cleanup took the import over and purged
+        # it: say that rather than blame the source.
+        build.touched(conn.execute(*build.touch()).fetchall())
+        raise
     with conn.pipeline():
-        cursors = {
-            name: conn.execute(query, params) for name, (query, params) in build.lookups().items()
-        }
-        results = {name: cur.fetchall() for name, cur in cursors.items()}
-    build.start(results)
-    for i in range(len(entries)):
-        build.step(i)
-    with conn.pipeline():
+        touch = conn.execute(*build.touch())
         send(conn, build.batches())
+        rows = touch.fetchall()
+    build.touched(rows)
 
 
 def _write_registers(

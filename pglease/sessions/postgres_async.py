@@ -90,6 +90,7 @@ from .pg_core import (
     Miss,
     PlanBuilder,
     ReplayIndex,
+    Row,
     SeqMoved,
     Sql,
     cause_of,
@@ -193,17 +194,25 @@ async def _write_chunk(
     """Asyncio twin of `postgres._write_chunk`."""
     index = ReplayIndex(q, session_id)
     build = ChunkBuilder(q, session_id, token, entries, index)
+    lookups = build.lookups()
+    results: dict[str, list[Row]] = {}
+    if lookups:
+        async with conn.pipeline():
+            cursors = {name: await conn.execute(*read) for name, read in lookups.items()}
+            results = {name: await cur.fetchall() for name, cur in cursors.items()}
+    try:
+        build.start(results)
+        for i in range(len(entries)):
+            await _replay(conn, index, functools.partial(build.step, i))
+    except PgleaseError:
+        # A missing parent may mean a cleanup took the import over: say so.
+        build.touched(await (await conn.execute(*build.touch())).fetchall())
+        raise
     async with conn.pipeline():
-        cursors = {
-            name: await conn.execute(query, params)
-            for name, (query, params) in build.lookups().items()
-        }
-        results = {name: await cur.fetchall() for name, cur in cursors.items()}
-    build.start(results)
-    for i in range(len(entries)):
-        await _replay(conn, index, functools.partial(build.step, i))
-    async with conn.pipeline():
+        touch = await conn.execute(*build.touch())
         await _send(conn, build.batches())
+        rows = await touch.fetchall()
+    build.touched(rows)
 
 
 async def _write_registers(
