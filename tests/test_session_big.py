@@ -28,6 +28,7 @@ from pglease.sessions import (
     plan_fork,
 )
 from pglease.sessions.fork import ForkPosition, ForkScope
+from pglease.sessions.pg_core import ChunkSizer, sized_chunks
 
 from .test_session_cross import file_rows
 from .test_session_pg import Clock, events
@@ -302,3 +303,38 @@ async def test_async_delete_hides_then_removes_in_chunks(
         with pytest.raises(SessionBusyError, match="leased"):
             await apg_repo.delete("abig")
         assert (await session.stats()).entry_count == 0
+
+
+# --- chunk sizes adapted to the time a chunk took -------------------------------------------
+
+
+def test_chunk_sizer_shrinks_after_a_long_chunk_and_grows_back() -> None:
+    sizer = ChunkSizer(500, target=0.05)
+    assert (sizer.size, sizer.floor) == (500, 100)
+    sizer.record(0.04)  # within the target, above half of it: unchanged
+    assert sizer.size == 500
+    sizer.record(0.1)  # twice the target: half the size
+    assert sizer.size == 250
+    sizer.record(5.0)  # a stall: never below the floor
+    assert sizer.size == 100
+    sizer.record(0.01)
+    sizer.record(0.01)
+    assert sizer.size == 400
+    sizer.record(0.0)
+    assert sizer.size == 500  # never above the limit
+
+
+def test_chunk_sizer_never_goes_below_a_small_limit() -> None:
+    sizer = ChunkSizer(3, target=0.05)
+    sizer.record(10.0)
+    assert sizer.size == 3  # an explicit small chunk stays as asked
+
+
+def test_sized_chunks_follow_the_sizer_between_chunks() -> None:
+    sizer = ChunkSizer(400, target=0.05)
+    got = []
+    for part in sized_chunks(range(1000), sizer):
+        got.append(len(part))
+        sizer.record(0.2)  # every chunk four times too long
+    assert got == [400, 100, 100, 100, 100, 100, 100]
+    assert sum(got) == 1000

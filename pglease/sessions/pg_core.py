@@ -1001,6 +1001,49 @@ def delete_interrupted(session_id: str, exc: PgleaseError) -> SessionError:
     )
 
 
+#: Seconds a chunk transaction of an import or a purge aims at: the chunk size
+#: adapts to the time the previous chunk took (`ChunkSizer`).
+CHUNK_TARGET = 0.05
+#: A chunk never shrinks below this many entries or rows (nor below its limit,
+#: if smaller): a 100-row transaction is short whatever the server does.
+CHUNK_FLOOR = 100
+
+
+class ChunkSizer:
+    """Entries or rows per chunk transaction, adapted so a transaction stays
+    near `target` seconds: after a chunk that took longer, the size shrinks in
+    proportion; after one under half the target, it doubles; always between
+    `min(limit, CHUNK_FLOOR)` and `limit`. Late chunks of a big import or
+    purge cost more (deeper indexes, dead index entries to step over,
+    checkpoints), so a fixed size either wastes the early ones or lets the
+    late ones run long (bench/RESULTS-sessions.md, run 6)."""
+
+    def __init__(self, limit: int, target: float = CHUNK_TARGET) -> None:
+        self.limit = limit
+        self.floor = min(limit, CHUNK_FLOOR)
+        self.target = target
+        self.size = limit
+
+    def record(self, seconds: float) -> None:
+        """The previous chunk of `size` took `seconds`."""
+        if seconds > self.target:
+            self.size = max(self.floor, int(self.size * self.target / seconds))
+        elif seconds < self.target / 2:
+            self.size = min(self.limit, self.size * 2)
+
+
+def sized_chunks(items: Iterable[Item], sizer: ChunkSizer) -> Iterator[list[Item]]:
+    """`items` in lists of the sizer's current size (the last one shorter), read lazily."""
+    batch: list[Item] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= sizer.size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def check_chunk_size(value: object, name: str = "chunk_entries") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
         raise InvalidSessionWriteError(f"{name} must be an int in [1, 1000000], got {value!r}")

@@ -93,6 +93,7 @@ from .pg_core import (
     RESOURCE_TYPE,
     Batch,
     ChunkBuilder,
+    ChunkSizer,
     CommitBuilder,
     IndexCore,
     PlanBuilder,
@@ -114,6 +115,7 @@ from .pg_core import (
     new_session_plan,
     register_batches,
     register_from_row,
+    sized_chunks,
     stale_import_problem,
     translate_unique,
 )
@@ -1059,7 +1061,8 @@ class PostgresSessionRepository:
         on_progress: Callable[[int], None] | None = None,
     ) -> bool:
         """Delete a hidden import's (or deleted session's) rows in short
-        transactions of `size` rows, each checking the token (a purge never
+        transactions of up to `size` rows (fewer while they run past
+        `CHUNK_TARGET`), each checking the token (a purge never
         touches a session that became visible); `on_progress(rows_removed)`
         after each. False when another cleanup took the partial over."""
 
@@ -1067,15 +1070,18 @@ class PostgresSessionRepository:
             if not conn.execute(self._q.touch_import, (session_id, token)).fetchall():
                 return -1
             for query in self._q.purge_rows:
-                deleted = conn.execute(query, (session_id, size)).rowcount
+                deleted = conn.execute(query, (session_id, sizer.size)).rowcount
                 if deleted:
                     return deleted
             conn.execute(self._q.drop_import, (session_id, token))  # the row is locked: ours
             return 0
 
         removed = 0
+        sizer = ChunkSizer(size)
         while True:
+            began = time.monotonic()
             done = self._in_transaction(purge_some)
+            sizer.record(time.monotonic() - began)
             if done <= 0:
                 return done == 0
             removed += done
@@ -1129,12 +1135,15 @@ class PostgresSessionRepository:
         self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
-            for part in chunks(stream.entries, size):
+            sizer = ChunkSizer(size)
+            for part in sized_chunks(stream.entries, sizer):
+                began = time.monotonic()
                 self._in_transaction(
                     functools.partial(
                         _write_chunk, q=q, session_id=session_id, token=token, entries=part
                     )
                 )
+                sizer.record(time.monotonic() - began)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)

@@ -86,6 +86,7 @@ from .pg_core import (
     RESOURCE_TYPE,
     Batch,
     ChunkBuilder,
+    ChunkSizer,
     CommitBuilder,
     Miss,
     PlanBuilder,
@@ -108,6 +109,7 @@ from .pg_core import (
     new_session_plan,
     register_batches,
     register_from_row,
+    sized_chunks,
     stale_import_problem,
     translate_unique,
     usage_from_row,
@@ -1059,15 +1061,18 @@ class AsyncPostgresSessionRepository:
             if not await touched.fetchall():
                 return -1
             for query in self._q.purge_rows:
-                deleted = (await conn.execute(query, (session_id, size))).rowcount
+                deleted = (await conn.execute(query, (session_id, sizer.size))).rowcount
                 if deleted:
                     return deleted
             await conn.execute(self._q.drop_import, (session_id, token))
             return 0
 
         removed = 0
+        sizer = ChunkSizer(size)
         while True:
+            began = time.monotonic()
             done = await self._in_transaction(purge_some)
+            sizer.record(time.monotonic() - began)
             if done <= 0:
                 return done == 0
             removed += done
@@ -1121,13 +1126,16 @@ class AsyncPostgresSessionRepository:
         await self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
-            parts = chunks(stream.entries, size)
+            sizer = ChunkSizer(size)
+            parts = sized_chunks(stream.entries, sizer)
             while (part := await asyncio.to_thread(next, parts, None)) is not None:
+                began = time.monotonic()
                 await self._in_transaction(
                     functools.partial(
                         _write_chunk, q=q, session_id=session_id, token=token, entries=part
                     )
                 )
+                sizer.record(time.monotonic() - began)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)
