@@ -460,9 +460,16 @@ class StallSampler(XactSampler):
 
 
 def run_child(
-    op: str, dsn: str, schema: str, arg: str, new_id: str, chunk: int, diagnose: bool = False
+    op: str,
+    dsn: str,
+    schema: str,
+    arg: str,
+    new_id: str,
+    chunk: int,
+    diagnose: bool = False,
+    code: Path | None = None,
 ) -> dict[str, Any]:
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(code or Path(__file__).resolve().parent.parent)
     with StallSampler(dsn) if diagnose else XactSampler(dsn) as sampler:
         out = subprocess.run(
             [sys.executable, "-c", CHILD, root, op, dsn, schema, arg, new_id, str(chunk)],
@@ -562,6 +569,8 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                     steps.append((f"delete{mode}", pg_id, pg_id, 0))
                 if not mode and args.big_fail:
                     steps.append(("import-fail", f"{path}|{size}", f"failed-{size}", 0))
+                if args.big_ops:
+                    steps = [s for s in steps if s[0].startswith(tuple(args.big_ops))]
                 for op, arg, new_id, copied in steps:
                     r = run_child(
                         op,
@@ -571,6 +580,7 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                         new_id,
                         args.import_chunk,
                         args.big_diagnose and op.startswith(("import", "delete")),
+                        args.big_code,
                     )
                     if op.startswith(("import", "fork-pg", "delete")):
                         with psycopg.connect(dsn) as conn:
@@ -697,6 +707,17 @@ def main() -> None:
     parser.add_argument("--big-pg-fork", action="store_true", help="also a tree fork in PostgreSQL")
     parser.add_argument(
         "--big-files", action="store_true", help="also file-to-file forks (tree and branch)"
+    )
+    parser.add_argument(
+        "--big-ops",
+        type=lambda s: s.split(","),
+        default=[],
+        help="only the big-session steps whose names start with one of these",
+    )
+    parser.add_argument(
+        "--big-code",
+        type=Path,
+        help="run the steps with the pglease of another checkout (a before/after pair)",
     )
     parser.add_argument(
         "--big-explain", action="store_true", help="EXPLAIN a chunk's statements after imports"
