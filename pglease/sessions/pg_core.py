@@ -100,7 +100,6 @@ class Sql:
             " VALUES (%s, %s, coalesce(%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),"
             " %s, %s, NULL, %s, %s, %s) ON CONFLICT DO NOTHING"
         )
-        self.delete_session = q("DELETE FROM {s}.sessions WHERE id = %s AND import_token IS NULL")
         self.session_exists = q(
             "SELECT storage_version FROM {s}.sessions WHERE id = %s AND import_token IS NULL"
         )

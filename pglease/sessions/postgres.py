@@ -1267,8 +1267,9 @@ class PostgresSessionRepository:
 
         Chunked, so no transaction grows with the session: that transaction
         (with the `session.deleted` event) hides the session at once, as an
-        import's token does; its rows then go in transactions of `chunk_rows`
-        rows (default 5,000). `on_progress(rows_removed)` runs after each. A
+        import's token does; its rows then go in transactions of at most
+        `chunk_rows` rows (default 5,000; fewer while a chunk runs past
+        `CHUNK_TARGET`). `on_progress(rows_removed)` runs after each. A
         delete that stops midway (killed, connection lost) leaves a hidden
         remainder, reported by `list()` once stale and removed by
         `cleanup_imports()` or the next import of the id."""
