@@ -13,14 +13,16 @@ import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from pglease import AsyncPostgresStore, PostgresStore
+from pglease import AsyncPostgresStore, LockTimeoutError, PostgresStore
 from pglease.sessions import (
     AsyncPostgresSessionRepository,
     InvalidSessionWriteError,
     PostgresSessionRepository,
     SessionBusyError,
+    SessionError,
     SessionExistsError,
     SessionNotFoundError,
     SessionRepository,
@@ -338,3 +340,55 @@ def test_sized_chunks_follow_the_sizer_between_chunks() -> None:
         sizer.record(0.2)  # every chunk four times too long
     assert got == [400, 100, 100, 100, 100, 100, 100]
     assert sum(got) == 1000
+
+
+def test_a_delete_that_fails_after_hiding_says_so_and_cleanup_finishes_it(
+    pg_dsn: str, schema: str, files: SessionRepository
+) -> None:
+    """The purge's next chunk waits on a session row another connection holds:
+    the lock timeout reaches the caller as a SessionError naming the state."""
+    with PostgresStore(pg_dsn, schema=schema, lock_timeout=0.2) as store:
+        repo = PostgresSessionRepository(store, renew_interval=None)
+        repo.import_file(source_file(files), id="stuck").close()
+        with psycopg.connect(pg_dsn) as blocker:
+
+            def hold_the_row(removed: int) -> None:
+                if removed <= 5:
+                    blocker.execute(
+                        f'SELECT 1 FROM "{schema}".sessions WHERE id = %s FOR UPDATE', ("stuck",)
+                    )
+
+            with pytest.raises(
+                SessionError, match=r"is deleted \(hidden at once\) but removing"
+            ) as info:
+                repo.delete("stuck", chunk_rows=5, on_progress=hold_the_row)
+            assert isinstance(info.value.__cause__, LockTimeoutError)
+            blocker.rollback()
+        assert not repo.exists("stuck") and repo.list().ids() == []
+        assert leftover_rows(pg_dsn, schema, "stuck")["sessions"] == 1
+        eager = PostgresSessionRepository(store, renew_interval=None, import_stale_after=0)
+        assert eager.cleanup_imports() == ["stuck"]
+        assert set(leftover_rows(pg_dsn, schema, "stuck").values()) == {0}
+
+
+async def test_async_delete_that_fails_after_hiding_says_so(
+    pg_dsn: str, schema: str, files: SessionRepository
+) -> None:
+    async with AsyncPostgresStore(pg_dsn, schema=schema, lock_timeout=0.2) as store:
+        repo = AsyncPostgresSessionRepository(store, renew_interval=None)
+        await (await repo.import_file(source_file(files), id="astuck")).close()
+        with psycopg.connect(pg_dsn) as blocker:
+
+            def hold_the_row(removed: int) -> None:
+                if removed <= 5:
+                    blocker.execute(
+                        f'SELECT 1 FROM "{schema}".sessions WHERE id = %s FOR UPDATE', ("astuck",)
+                    )
+
+            with pytest.raises(SessionError, match=r"is deleted \(hidden at once\)") as info:
+                await repo.delete("astuck", chunk_rows=5, on_progress=hold_the_row)
+            assert isinstance(info.value.__cause__, LockTimeoutError)
+            blocker.rollback()
+        assert not await repo.exists("astuck")
+        assert await repo.cleanup_imports(0) == ["astuck"]
+        assert set(leftover_rows(pg_dsn, schema, "astuck").values()) == {0}
