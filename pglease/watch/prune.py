@@ -67,11 +67,17 @@ class PruneResult(int):
         return f"PruneResult(events={int(self)}, payloads={self.payloads})"
 
 
-#: Events (and queued payloads) per chunk, each chunk its own transaction.
-#: Sized so a chunk stays well under ~100 ms on a busy server (bench/RESULTS-scale.md):
-#: that is how long any watcher of the cluster can be held back by a prune.
-DEFAULT_CHUNK = 2000
+#: Events per chunk, each chunk its own transaction; payloads go half as many
+#: per chunk (each costs an index probe of the events, through the entries the
+#: deleted events left until vacuum). Sized so a chunk stays under ~100 ms on a
+#: busy 2-core server (bench/RESULTS-scale.md): that is how long a prune can
+#: hold back any watcher of the cluster.
+DEFAULT_CHUNK = 1000
 MAX_CHUNK = 100_000
+
+
+def _payload_chunk(chunk: int) -> int:
+    return max(1, chunk // 2)
 
 
 def _check_chunk(chunk: object) -> int:
@@ -114,8 +120,8 @@ def prune(
     Deletes a prefix of the log in read order, never an event a watcher could
     still be about to read for the first time without noticing: a watcher whose
     cursor is below the deleted range gets `CursorExpiredError`. The work is
-    done in chunks of at most `chunk` events (then payloads), each its own
-    short transaction, because any open writing transaction holds back every
+    done in chunks of at most `chunk` events (then ``chunk // 2`` payloads),
+    each its own short transaction, because any open writing transaction holds back every
     watcher of the cluster (see README "Watching"). A payload a writer is
     storing or reusing at that moment is left alone, never pulled out from
     under its event, and judged again by the next prune (`gc_payloads_chunk`
@@ -134,7 +140,8 @@ def prune(
                 events += int(n)
             after, done = b"", False
             while not done:
-                n, after, done = _row(conn.execute(q.payloads, [after, size]).fetchone())
+                row = conn.execute(q.payloads, [after, _payload_chunk(size)]).fetchone()
+                n, after, done = _row(row)
                 payloads += int(n)
     except psycopg.Error as exc:
         # Chunks already committed stay done; the next prune carries on.
@@ -162,7 +169,7 @@ async def prune_async(
                 events += int(n)
             after, done = b"", False
             while not done:
-                cur = await conn.execute(q.payloads, [after, size])
+                cur = await conn.execute(q.payloads, [after, _payload_chunk(size)])
                 n, after, done = _row(await cur.fetchone())
                 payloads += int(n)
     except psycopg.Error as exc:
