@@ -9,6 +9,9 @@ Real PostgreSQL, real watchers, real concurrent connections.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -480,3 +483,32 @@ def test_a_client_role_may_not_prune(pg_store: PostgresStore, pg_dsn: str) -> No
             conn.execute(f'DROP ROLE "{name}"')
     assert len(left(pg_dsn, pg_store.schema)) == 1
     assert payloads(pg_dsn, pg_store.schema) == {sha({"r": 1})}
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cli(pg_dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pglease", "--dsn", pg_dsn, "--schema", schema, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cli_prune_chunk(pg_store: PostgresStore, pg_dsn: str) -> None:
+    rid = pg_store.ensure_resource("run", "cli")
+    for n in range(5):
+        pg_store.mutate(Permit(rid, n), "run.old", payload={"c": n}, now=LONG_AGO)
+    _count_deleting_transactions(pg_dsn, pg_store.schema)
+    for bad in ("0", "100001", "x"):
+        out = _cli(pg_dsn, pg_store.schema, "prune", "--older-than", "1d", "--chunk", bad)
+        assert out.returncode == 2 and "--chunk" in out.stderr, out
+        assert len(left(pg_dsn, pg_store.schema)) == 5  # nothing deleted
+    out = _cli(pg_dsn, pg_store.schema, "prune", "--older-than", "1d", "--chunk", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"deleted": 5, "payloads_deleted": 5}
+    got = rows(pg_dsn, pg_store.schema, "SELECT n FROM @s.delete_xacts ORDER BY xid")
+    assert [n for (n,) in got] == [2, 2, 1]

@@ -80,7 +80,7 @@ def _payload_chunk(chunk: int) -> int:
     return max(1, chunk // 2)
 
 
-def _check_chunk(chunk: object) -> int:
+def check_chunk(chunk: object) -> int:
     if isinstance(chunk, bool) or not isinstance(chunk, int):
         raise ValidationError(f"chunk must be an integer, got {chunk!r}")
     if not 1 <= chunk <= MAX_CHUNK:
@@ -128,7 +128,7 @@ def prune(
     in sql/functions/20_watch.sql).
     """
     seconds = _check_age(older_than)
-    size = _check_chunk(chunk)
+    size = check_chunk(chunk)
     q = _Queries(store.schema)
     events = payloads = 0
     try:
@@ -155,7 +155,7 @@ async def prune_async(
 ) -> PruneResult:
     """Asyncio twin of `prune`."""
     seconds = _check_age(older_than)
-    size = _check_chunk(chunk)
+    size = check_chunk(chunk)
     q = _Queries(store.schema)
     events = payloads = 0
     try:
