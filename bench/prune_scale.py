@@ -292,6 +292,7 @@ def scratch(dsn: str, rows: int, part_rows: int, chunk: int) -> dict[str, float]
                 f" FOR VALUES FROM ({p * part_rows}) TO ({(p + 1) * part_rows})"
             )
         for table in ("plain", "part"):
+            conn.execute(f"ALTER TABLE bench_scratch.{table} ADD PRIMARY KEY (id)")
             for lo in range(0, rows, 1_000_000):
                 conn.execute(
                     fill.format(t=f"bench_scratch.{table}"), [lo, min(rows, lo + 1_000_000) - 1]
@@ -321,11 +322,21 @@ def scratch(dsn: str, rows: int, part_rows: int, chunk: int) -> dict[str, float]
         out["read_plain_s"] = read("plain")
         out["read_part_s"] = read("part")
         t = time.monotonic()
-        longest, hi = 0.0, -1
-        while hi < part_rows - 1:
-            lo, hi = hi + 1, min(part_rows - 1, hi + chunk)
+        longest, n, last = 0.0, 0, ("0", -1)
+        while n < part_rows:
+            # As prune_chunk does: the next `chunk` rows in read order after
+            # the last deleted one (the horizon).
             c = time.monotonic()
-            conn.execute("DELETE FROM bench_scratch.plain WHERE id BETWEEN %s AND %s", [lo, hi])
+            row = conn.execute(
+                "WITH d AS (DELETE FROM bench_scratch.plain WHERE (xid, id) IN (SELECT xid, id"
+                " FROM bench_scratch.plain WHERE (xid, id) > (%s::xid8, %s)"
+                " ORDER BY xid, id LIMIT %s) RETURNING xid, id)"
+                " SELECT count(*), (array_agg(xid::text ORDER BY xid DESC, id DESC))[1],"
+                " max(id) FROM d",
+                [last[0], last[1], min(chunk, part_rows - n)],
+            ).fetchone()
+            assert row is not None
+            n, last = n + int(row[0]), (str(row[1]), int(row[2]))
             longest = max(longest, time.monotonic() - c)
         out["chunked_delete_s"] = time.monotonic() - t
         out["chunked_delete_longest_xact_s"] = longest
