@@ -23,8 +23,9 @@ event log's indexes), dropping the oldest --part-rows rows by chunked DELETE
 versus DETACH + DROP of a partition, and one watcher-style read
 (``(xid, id) > (...) ORDER BY xid, id LIMIT 100``) on each.
 
-    .venv/bin/python bench/prune_scale.py [--dsn DSN] [--sizes 1000000] [--chunks 2000]
-        [--partition-scratch --scratch-rows 10000000 --part-rows 1000000]
+    .venv/bin/python bench/prune_scale.py [--dsn DSN] [--sizes 1000000] [--chunks 1000]
+        [--no-single] [--profile] [--partition-scratch --scratch-rows 10000000
+        --part-rows 1000000]    (--sizes '' for the scratch tables alone)
 """
 
 from __future__ import annotations
@@ -266,6 +267,61 @@ def run_one(dsn: str, n: int, mode: str, chunk: int, every: float) -> dict[str, 
     }
 
 
+def profile(dsn: str, n: int, chunk: int) -> list[str]:
+    """Every chunk of a prune of N events timed on its own (no writer, no
+    watcher): the distribution of transaction lengths, events then payloads,
+    and how many of the chunks over 100 ms ran while an autovacuum worker was
+    busy with the events table."""
+    schema = f"pglease_pruneprof_{uuid.uuid4().hex[:6]}"
+    autovacuum = (
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+        " AND query ILIKE '%%events%%'"
+    )
+    with PostgresStore(dsn, schema=schema, max_size=1):
+        pass
+    fill(dsn, schema, n)
+    out = []
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        psycopg.connect(dsn, autocommit=True) as mon,
+    ):
+        row = conn.execute("SELECT clock_timestamp() - interval '1 day'").fetchone()
+        assert row is not None
+        steps: dict[str, list[float]] = {"events": [], "payloads": []}
+        slow_during_vacuum = 0
+        after: bytes = b""
+        for name in steps:
+            done = False
+            while not done:
+                t = time.monotonic()
+                if name == "events":
+                    q = f'SELECT done FROM "{schema}".prune_chunk(%s, %s)'
+                    got = conn.execute(q, [row[0], chunk]).fetchone()
+                    assert got is not None
+                    done = bool(got[0])
+                else:
+                    q = f'SELECT last_sha256, done FROM "{schema}".gc_payloads_chunk(%s, %s)'
+                    got = conn.execute(q, [after, max(1, chunk // 2)]).fetchone()
+                    assert got is not None
+                    after, done = bytes(got[0]), bool(got[1])
+                took = time.monotonic() - t
+                steps[name].append(took)
+                if took > 0.1:
+                    vac = mon.execute(autovacuum).fetchone()
+                    slow_during_vacuum += bool(vac and vac[0])
+        for name, xs in steps.items():
+            s = sorted(xs)
+            out.append(
+                f"{n:,} events, chunk {chunk}, {name}: {len(s)} chunks, {sum(s):.1f} s;"
+                f" median {statistics.median(s) * 1000:.1f} ms, p99"
+                f" {s[int(len(s) * 0.99)] * 1000:.1f} ms, max {s[-1] * 1000:.1f} ms;"
+                f" {sum(x > 0.1 for x in s)} over 100 ms"
+            )
+        out.append(f"chunks over 100 ms while autovacuum worked on events: {slow_during_vacuum}")
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    return out
+
+
 # ---------------------------------------------------------------------- partitions
 
 
@@ -355,9 +411,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="a server to use (default: a throwaway embedded one)")
     parser.add_argument("--sizes", default="1000000")
-    parser.add_argument("--chunks", default="2000", help="chunk sizes for the chunked runs")
+    parser.add_argument("--chunks", default="1000", help="chunk sizes for the chunked runs")
     parser.add_argument("--no-single", action="store_true", help="skip the one-transaction prune")
     parser.add_argument("--write-every", type=float, default=0.02)
+    parser.add_argument(
+        "--profile", action="store_true", help="time every chunk alone instead (no traffic)"
+    )
     parser.add_argument("--partition-scratch", action="store_true")
     parser.add_argument("--scratch-rows", type=int, default=10_000_000)
     parser.add_argument("--part-rows", type=int, default=1_000_000)
@@ -365,7 +424,13 @@ def main() -> None:
     print(machine_info())
 
     def go(dsn: str) -> None:
-        for n in (int(x) for x in args.sizes.split(",")):
+        sizes = [int(x) for x in args.sizes.split(",") if x]
+        if args.profile:
+            for n in sizes:
+                for chunk in (int(c) for c in args.chunks.split(",")):
+                    print("\n".join(profile(dsn, n, chunk)), flush=True)
+            sizes = []
+        for n in sizes:
             modes = [] if args.no_single else [("single", 0)]
             modes += [("chunked", int(c)) for c in args.chunks.split(",")]
             for mode, chunk in modes:
