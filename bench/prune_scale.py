@@ -48,6 +48,7 @@ from _server import machine_info, throwaway_server
 
 from pglease import Permit, PostgresStore
 from pglease.watch import Watcher, prune
+from pglease.watch.prune import DEFAULT_CHUNK
 
 # The prune_log body before sql/0014 (one DELETE of the whole prefix, then an
 # anti-join of every payload), kept to measure "before".
@@ -446,7 +447,7 @@ def main() -> None:
                     flush=True,
                 )
         if args.partition_scratch:
-            r = scratch(dsn, args.scratch_rows, args.part_rows, 2000)
+            r = scratch(dsn, args.scratch_rows, args.part_rows, DEFAULT_CHUNK)
             print(f"scratch {args.scratch_rows:,} rows, drop the oldest {args.part_rows:,}:")
             for k, v in r.items():
                 print(f"  {k:<32} {v * 1000:10.1f} ms", flush=True)
