@@ -24,9 +24,11 @@ import pytest
 from pglease import (
     AsyncPostgresStore,
     CursorExpiredError,
+    DatabaseError,
     Event,
     PermissionDeniedError,
     Permit,
+    PgleaseError,
     PostgresStore,
     ValidationError,
 )
@@ -512,3 +514,32 @@ def test_cli_prune_chunk(pg_store: PostgresStore, pg_dsn: str) -> None:
     assert json.loads(out.stdout) == {"deleted": 5, "payloads_deleted": 5}
     got = rows(pg_dsn, pg_store.schema, "SELECT n FROM @s.delete_xacts ORDER BY xid")
     assert [n for (n,) in got] == [2, 2, 1]
+
+
+# --------------------------------------------------------------------------- failure midway
+
+
+def test_a_prune_that_fails_midway_keeps_its_chunks_and_the_next_one_finishes(
+    pg_dsn: str, schema: str
+) -> None:
+    with PostgresStore(pg_dsn, schema=schema, max_size=2, lock_timeout=0.3) as store:
+        enable_test_clock(pg_dsn, schema)
+        rid = store.ensure_resource("run", "fail")
+        for n in range(6):
+            store.mutate(Permit(rid, n), "run.old", payload={"f": n}, now=LONG_AGO)
+        with psycopg.connect(pg_dsn) as blocker:
+            # The payload step needs row locks on payloads; the event chunks do not.
+            blocker.execute(f'LOCK TABLE "{schema}".payloads IN EXCLUSIVE MODE')
+            with pytest.raises(PgleaseError, match=r"prune failed: .*lock timeout") as caught:
+                prune(store, DAY, chunk=2)
+            blocker.rollback()
+        assert isinstance(caught.value, DatabaseError) and caught.value.sqlstate == "55P03"
+        # The event chunks committed: the log is a shorter prefix, the horizon at its end.
+        assert left(pg_dsn, schema) == []
+        assert queued(pg_dsn, schema) == {sha({"f": n}) for n in range(6)}
+        with Watcher(store, after="start") as w:
+            assert w.get(0.2) is None
+        # The next prune collects what the failed one queued.
+        result = prune(store, DAY, chunk=2)
+        assert (result.events, result.payloads) == (0, 6)
+        assert payloads(pg_dsn, schema) == set() and queued(pg_dsn, schema) == set()
