@@ -411,7 +411,12 @@ def test_fast_path_and_reads_are_bounded_by_lock_timeout(
         assert claim is not None
         blocker = _lock_lease_row(pg_dsn, schema, rid)
         try:
-            raised = _raised_within(lambda: s.claim(rid, Owner("w", "2"), 30))
+            # A claim of the live lease is refused without waiting for the lock;
+            # one with an expected revision takes the locked path and is bounded.
+            assert s.claim(rid, Owner("w", "2"), 30) is None
+            raised = _raised_within(
+                lambda: s.claim(rid, Owner("w", "2"), 30, expected_revision=claim.revision)
+            )
             assert isinstance(raised, LockTimeoutError), raised
             assert "lock_timeout=0.5 s" in str(raised)
             assert isinstance(_raised_within(lambda: s.renew(claim, 30)), LockTimeoutError)
@@ -463,7 +468,9 @@ def test_fast_path_is_bounded_by_statement_timeout(
     with PostgresStore(
         bouncer_dsn, schema=schema, pooler=True, lock_timeout=None, statement_timeout=0.5
     ) as s:
-        rid = s.ensure_resource("job", "slow")
+        # A free resource: the async part left "slow" held, and a claim of a
+        # live lease is refused without waiting for any lock.
+        rid = s.ensure_resource("job", "slow-sync")
         blocker = _lock_lease_row(pg_dsn, schema, rid)
         try:
             raised = _raised_within(lambda: s.claim(rid, Owner("w", "2"), 30))
