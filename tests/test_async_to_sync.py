@@ -78,7 +78,7 @@ def test_awaitable_types_become_their_value_type() -> None:
     )
 
 
-BLOCK = '''class AsyncStore:
+BLOCK = """class AsyncStore:
     # async-only: begin
     @classmethod
     async def open(cls) -> "AsyncStore":
@@ -87,7 +87,7 @@ BLOCK = '''class AsyncStore:
 
     async def close(self) -> None:
         pass
-'''
+"""
 
 
 def test_async_only_blocks_are_left_out_of_the_twin() -> None:
