@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/_migrate_async.py", "pglease/_migrate.py"),
     ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
+    ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
+    ("pglease/postgres/async_store.py", "pglease/postgres/store.py"),
 )
 
 RENAMES = {

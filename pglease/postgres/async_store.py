@@ -1,4 +1,11 @@
-"""`AsyncPostgresStore`: the asyncio twin of `PostgresStore` (same names and semantics)."""
+"""The lease store on PostgreSQL, written once: `AsyncPostgresStore` (asyncio).
+
+This file is the hand-written source; `pglease/postgres/store.py`, the blocking
+`PostgresStore` with the same names and semantics, is generated from it by
+`tools/async_to_sync.py`. The flavours differ in how they open: the blocking
+store connects in its constructor, the asyncio one in ``await
+AsyncPostgresStore.open(dsn)`` or ``async with AsyncPostgresStore(dsn)``.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from .. import _instrument, cursor_check
 from ..dsn import resolve_dsn
-from ..errors import (
-    DatabaseUnavailableError,
-    PgleaseError,
-    StoreClosedError,
-    UnknownResourceError,
-)
+from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
 from ..migrations import migrate_async, migration_state_async
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import (
@@ -33,7 +35,7 @@ from ..validation import (
 from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, NotSentError, from_micros
-from ._reuse import alive, discard
+from ._reuse_async import AsyncConnectionStack, discard
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -43,13 +45,29 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 AsyncApply = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+#: Using an asyncio store before it is opened, or after it is closed (a blocking
+#: store is open from its constructor on, and reports PoolClosed once closed).
+_NOT_OPEN = "the store is not open (use `await AsyncPostgresStore.open()`)"
 
 
 class AsyncPostgresStore:
-    """Asyncio lease store. Open with ``await AsyncPostgresStore.open(dsn)``
-    or ``async with AsyncPostgresStore(dsn) as store``.
+    """Leases, revisions and the event log in one PostgreSQL schema.
 
-    Same options, time limits and errors as `PostgresStore`."""
+    `PostgresStore` opens in its constructor; `AsyncPostgresStore` with
+    ``await AsyncPostgresStore.open(dsn)`` or ``async with AsyncPostgresStore(dsn)``.
+    Connections come from a psycopg-pool in autocommit mode and are reused
+    LIFO; claim, renew and release are one prepared-statement round trip each.
+    Close the store (or use it as a context manager) to close the pool.
+
+    Every wait is bounded: `statement_timeout` and `lock_timeout` (seconds, or
+    None to leave the server's setting) are set on each connection, and
+    `pool_timeout` bounds the wait for a free connection. No driver error
+    escapes the lease API: see README "Errors".
+
+    `pooler=True` (or ``PGLEASE_POOLER=transaction``) is for a transaction-pooling
+    pooler such as PgBouncer: no prepared statements, no session SETs (the limits
+    become SET LOCAL in `mutate`), watchers poll. README "Deployment: PgBouncer".
+    """
 
     def __init__(
         self,
@@ -88,26 +106,34 @@ class AsyncPostgresStore:
         self._auto_migrate = auto_migrate
         self._connect_timeout = connect_timeout
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._conns: AsyncConnectionStack | None = None
+        # sync: self._open()
 
     @property
     def limits(self) -> _core.Limits:
         """The store's statement, lock and pool time limits (as its errors name them)."""
         return self._limits
 
+    # async-only: begin
     @classmethod
     async def open(cls, dsn: str | None = None, **kwargs: Any) -> AsyncPostgresStore:
+        """An open store: the constructor's arguments, then `_open`."""
         store = cls(dsn, **kwargs)
         await store._open()
         return store
 
+    # async-only: end
     async def _open(self) -> None:
+        """Connect once, migrate (or check), then open the pool and the LIFO stack."""
         if self._pool is not None:
             return
-        # Starting the embedded server blocks for about a second: keep the loop free.
-        dsn = await asyncio.to_thread(resolve_dsn, self._dsn)
+        # Starting the embedded server blocks for about a second: keep a loop free.
+        dsn = await asyncio.to_thread(resolve_dsn, self._dsn)  # sync: dsn = resolve_dsn(self._dsn)
         self.dsn = dsn
         kwargs = _core.connect_kwargs(self.schema, self.pooler)
-        # Migrations run without the time limits: they wait for each other on purpose.
+        # One direct connection first: a bad DSN or a down server fails fast with
+        # one clear error instead of a pool retrying in the background. Migrations
+        # run without the time limits: they wait for each other on purpose.
         try:
             conn = await psycopg.AsyncConnection.connect(
                 dsn, connect_timeout=math.ceil(self._connect_timeout), **kwargs
@@ -141,6 +167,7 @@ class AsyncPostgresStore:
                 raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
             raise
         self._pool = pool
+        self._conns = AsyncConnectionStack(pool)
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """The pool calls this on connect: the time limits, then the fast path's
@@ -157,29 +184,25 @@ class AsyncPostgresStore:
     def _error(self, exc: psycopg.Error) -> PgleaseError:
         return _core.driver_error(exc, self._limits, self.dsn)
 
-    async def _take(self) -> psycopg.AsyncConnection[Any]:
-        """A live connection (see `_reuse.alive`); pool errors as PgleaseErrors."""
-        pool = self.pool
-        # Every dead one is dropped, so the pool runs out of them; the bound only
-        # stops a server that kills each new connection at once.
-        for _ in range(2 * self._max_size + 2):
-            try:
-                conn = await pool.getconn()
-            except psycopg.Error as exc:
-                raise self._error(exc) from exc
-            if alive(conn):
-                return conn
-            discard(conn)
-            await pool.putconn(conn)
-        raise DatabaseUnavailableError(
-            "connection to PostgreSQL failed: every connection tried had been closed by the server"
-        )
+    @property
+    def _stack(self) -> AsyncConnectionStack:
+        if self._conns is None:
+            raise StoreClosedError(_NOT_OPEN)
+        return self._conns
+
+    async def _take(self, conns: AsyncConnectionStack) -> psycopg.AsyncConnection[Any]:
+        """A live connection; the pool's errors as PgleaseErrors (nothing was sent)."""
+        try:
+            return await conns.take()
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
 
     async def _read(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
         """Run a read (or an idempotent write) once more on a fresh connection when
         the connection breaks under it: running it twice is harmless."""
+        conns = self._stack
         for attempt in (1, 2):
-            conn = await self._take()
+            conn = await self._take(conns)
             try:
                 return await fn(conn)
             except psycopg.Error as exc:
@@ -191,7 +214,7 @@ class AsyncPostgresStore:
                 error = self._error(exc)
                 raise error from _core.cause_of(error, exc)
             finally:
-                await self.pool.putconn(conn)
+                await conns.give_back(conn)
         raise AssertionError("unreachable")
 
     async def _write(
@@ -199,8 +222,9 @@ class AsyncPostgresStore:
     ) -> list[bytes]:
         """One fast-path write. Retried once only when it certainly never ran; a
         connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
+        conns = self._stack
         for attempt in (1, 2):
-            conn = await self._take()
+            conn = await self._take(conns)
             try:
                 return await self._fast.call_async(conn, name, args)
             except NotSentError as exc:
@@ -214,26 +238,35 @@ class AsyncPostgresStore:
                 error = self._error(exc)
                 raise error from _core.cause_of(error, exc)
             finally:
-                await self.pool.putconn(conn)
+                await conns.give_back(conn)
         raise AssertionError("unreachable")
 
     async def __aenter__(self) -> AsyncPostgresStore:
-        await self._open()
+        await self._open()  # sync: -
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
+        """Close the pool, with the connections kept for reuse; closing twice is harmless."""
+        if self._pool is not None and self._conns is not None:
+            pool, conns, self._pool = self._pool, self._conns, None
+            # A blocking store keeps its stack: a call after close then gets the
+            # pool's PoolClosed, which the lease API reports as StoreClosedError.
+            self._conns = None  # sync: -
+            await conns.drain()
             await pool.close()
 
+    # async-only: begin
     @property
     def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        """The store's psycopg-pool (StoreClosedError when the store is not open)."""
         if self._pool is None:
-            raise StoreClosedError("the store is not open (use `await AsyncPostgresStore.open()`)")
+            raise StoreClosedError(_NOT_OPEN)
         return self._pool
+
+    # async-only: end
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -242,29 +275,30 @@ class AsyncPostgresStore:
         This is the driver's own connection: errors of the SQL run on it, and of
         checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
         """
-        pool = self.pool
-        for _ in range(2 * self._max_size + 2):
-            conn = await pool.getconn()
-            if alive(conn):
-                break
-            discard(conn)
-            await pool.putconn(conn)
-        else:
-            raise psycopg.OperationalError("every connection tried had been closed by the server")
-        try:
+        async with self._stack.borrow() as conn:
             yield conn
-        finally:
-            await pool.putconn(conn)
 
-    async def _one(self, query: bytes, args: list[Any]) -> tuple[Any, ...]:
+    async def _row(self, query: bytes, args: list[Any]) -> Any:
+        """The first row of one read statement, or None (see `_read`)."""
+
         async def read(conn: psycopg.AsyncConnection[Any]) -> Any:
-            return await (await conn.execute(query, args)).fetchone()
+            cursor = await conn.execute(query, args)
+            return await cursor.fetchone()
 
-        row = await self._read(read)
-        assert row is not None
-        return tuple(row)
+        return await self._read(read)
+
+    async def _rows(self, query: bytes, args: list[Any]) -> list[Any]:
+        """Every row of one read statement (see `_read`)."""
+
+        async def read(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
+            cursor = await conn.execute(query, args)
+            return await cursor.fetchall()
+
+        return await self._read(read)
 
     async def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names of those applied."""
+
         async def run(conn: psycopg.AsyncConnection[Any]) -> list[str]:
             if self.pooler:  # no session limits were set; none to lift or restore
                 return [m.label for m in await migrate_async(conn, self.schema)]
@@ -282,7 +316,9 @@ class AsyncPostgresStore:
         return await self._read(run)  # migrating is idempotent
 
     async def ensure_resource(self, resource_type: str, key: str) -> str:
-        row = await self._one(self._q.ensure, list(_core.ensure_args(resource_type, key)))
+        """Create the resource if needed and return its deterministic id (no event)."""
+        row = await self._row(self._q.ensure, list(_core.ensure_args(resource_type, key)))
+        assert row is not None  # the statement always returns the id
         return str(row[0])
 
     async def claim(
@@ -352,16 +388,25 @@ class AsyncPostgresStore:
         actor: Owner | None = None,
         now: datetime | None = None,
     ) -> MutationResult:
-        """See `PostgresStore.mutate`: `apply` runs once; what it raises, its SQL's
-        own errors too, propagates unchanged; what pglease causes is mapped."""
+        """Check the permit, run `apply(conn)` and append the event, all in one transaction.
+
+        Any exception (a stale permit, a lost lease, or one raised by `apply`)
+        rolls everything back: no revision bump, no event, no payload. What
+        `apply` raises propagates unchanged, its SQL's own errors too (say a
+        UniqueViolation); only what pglease causes is mapped: a lost connection,
+        the store's time limits, pglease's SQLSTATEs. Never retried: `apply`
+        runs once.
+        """
         args = _core.mutate_args(permit, event_type, payload, actor, now)
-        conn = await self._take()
+        conns = self._stack
+        conn = await self._take(conns)
         phase = _core.BEGIN
         try:
             async with conn.transaction():
                 if self._local_limits is not None:
                     await conn.execute(self._local_limits)
-                row = await (await conn.execute(self._q.mutate_begin, args)).fetchone()
+                cursor = await conn.execute(self._q.mutate_begin, args)
+                row = await cursor.fetchone()
                 assert row is not None
                 phase = _core.APPLY
                 value = await apply(conn) if apply is not None else None
@@ -374,17 +419,13 @@ class AsyncPostgresStore:
                 raise
             raise error from _core.cause_of(error, exc)
         finally:
-            await self.pool.putconn(conn)
+            await conns.give_back(conn)
         return MutationResult(permit.resource_id, row[0], row[1], value)
 
     async def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
+        """The resource with its lease state, judged by the database clock (or `now`)."""
         check_resource_id(resource_id)
-        args: list[Any] = [_core.check_now(now), resource_id]
-
-        async def read(conn: psycopg.AsyncConnection[Any]) -> Any:
-            return await (await conn.execute(self._q.get, args)).fetchone()
-
-        row = await self._read(read)
+        row = await self._row(self._q.get, [_core.check_now(now), resource_id])
         if row is None:
             raise UnknownResourceError(f"unknown resource {resource_id}")
         return _core.parse_resource(row)
@@ -400,41 +441,42 @@ class AsyncPostgresStore:
             query, args = self._q.list_all, [now]
         else:
             query, args = self._q.list_type, [now, resource_type]
-
-        async def read(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
-            return await (await conn.execute(query, args)).fetchall()
-
-        return [_core.parse_resource(r) for r in await self._read(read)]
+        return [_core.parse_resource(r) for r in await self._rows(query, args)]
 
     async def events(
         self, resource_id: str, after_revision: int = 0, limit: int = 1000
     ) -> list[Event]:
+        """A resource's events in revision order, after `after_revision`."""
         args = _core.events_of_args(resource_id, after_revision, limit)
 
         async def read(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
-            rows = await (await conn.execute(self._q.events_of, args)).fetchall()
+            cursor = await conn.execute(self._q.events_of, args)
+            rows = await cursor.fetchall()
             if not rows:
-                cur = await conn.execute(self._q.resource_exists, [resource_id])
-                if await cur.fetchone() is None:
+                cursor = await conn.execute(self._q.resource_exists, [resource_id])
+                if await cursor.fetchone() is None:
                     raise UnknownResourceError(f"unknown resource {resource_id}")
             return rows
 
         return [_core.parse_event(r) for r in await self._read(read)]
 
     async def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
+        """Committed events after `cursor` (None or "start": from the beginning).
+
+        Pass the last event's `cursor` to get the next page; no event is ever
+        skipped, even when transactions commit out of id order.
+        """
+        # The cursor is checked against this log in the same statement (cursor_check).
         read = cursor_check.pg_events_after(self.schema, cursor, limit)
-
-        async def fetch(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
-            return await (await conn.execute(read.query, read.args)).fetchall()
-
-        return read.events(await self._read(fetch))
+        return read.events(await self._rows(read.query, read.args))
 
     # --- fleet runtime (see pglease.fleet) -------------------------------------------
 
     def hold(
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
     ) -> AbstractAsyncContextManager[AsyncHeldLease]:
-        """``async with store.hold(...) as lease:`` see `pglease.fleet.hold_async`."""
+        """Hold a lease for a block: ``(async) with store.hold(type, key, owner, ttl) as
+        lease:``; see `pglease.fleet.hold` (and `hold_async`)."""
         from ..fleet import hold_async
 
         return hold_async(self, resource_type, key, owner, ttl, **options)
@@ -448,13 +490,13 @@ class AsyncPostgresStore:
         timeout: float | None = None,
         **options: Any,
     ) -> Claim:
-        """Wait for the lease and claim it; see `pglease.fleet.acquire_async`."""
+        """Wait for the lease and claim it; see `pglease.fleet.acquire` (and `acquire_async`)."""
         from ..fleet import acquire_async
 
         return await acquire_async(self, resource_type, key, owner, ttl, timeout, **options)
 
     async def elect(self, name: str, candidate: Owner, **options: Any) -> AsyncElection:
-        """Campaign for leadership of `name`; see `pglease.fleet.elect_async`."""
+        """Campaign for leadership of `name`; see `pglease.fleet.elect` (and `elect_async`)."""
         from ..fleet import elect_async
 
         return await elect_async(self, name, candidate, **options)
@@ -487,7 +529,7 @@ class AsyncPostgresStore:
         as `WatchFailedError`; `watcher.health` tells the last error and the lag.
         `mode` defaults to "listen", or "poll" in pooler mode (where "listen" is
         refused: a pooler does not keep a LISTEN's session).
-        See `pglease.watch.AsyncWatcher`."""
+        See `pglease.watch.Watcher` (and `AsyncWatcher`)."""
         from ..watch import watch_async
 
         return watch_async(
@@ -503,4 +545,3 @@ class AsyncPostgresStore:
             clock=clock,
             tuning=tuning,
         )
-

@@ -1,4 +1,12 @@
-"""`PostgresStore`: the lease store on PostgreSQL, blocking API."""
+# Generated from pglease/postgres/async_store.py by tools/async_to_sync.py: do not edit.
+"""The lease store on PostgreSQL, written once: `AsyncPostgresStore` (asyncio).
+
+This file is the hand-written source; `pglease/postgres/store.py`, the blocking
+`PostgresStore` with the same names and semantics, is generated from it by
+`tools/async_to_sync.py`. The flavours differ in how they open: the blocking
+store connects in its constructor, the asyncio one in ``await
+AsyncPostgresStore.open(dsn)`` or ``async with AsyncPostgresStore(dsn)``.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import _instrument, cursor_check
 from ..dsn import resolve_dsn
-from ..errors import PgleaseError, UnknownResourceError
+from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
 from ..migrations import migrate, migration_state
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import (
@@ -37,11 +45,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Apply = Callable[[psycopg.Connection[Any]], T]
+#: Using an asyncio store before it is opened, or after it is closed (a blocking
+#: store is open from its constructor on, and reports PoolClosed once closed).
+_NOT_OPEN = "the store is not open (use `await AsyncPostgresStore.open()`)"
 
 
 class PostgresStore:
     """Leases, revisions and the event log in one PostgreSQL schema.
 
+    `PostgresStore` opens in its constructor; `AsyncPostgresStore` with
+    ``await AsyncPostgresStore.open(dsn)`` or ``async with AsyncPostgresStore(dsn)``.
     Connections come from a psycopg-pool in autocommit mode and are reused
     LIFO; claim, renew and release are one prepared-statement round trip each.
     Close the store (or use it as a context manager) to close the pool.
@@ -76,7 +89,7 @@ class PostgresStore:
         self.pooler = _core.pooler_mode(pooler)
         connect_timeout = check_positive_seconds(connect_timeout, "connect_timeout")
         self._limits = _core.Limits.of(statement_timeout, lock_timeout, pool_timeout, max_size)
-        self.dsn = resolve_dsn(dsn)
+        self._dsn = dsn
         self._q = Queries(schema)
         #: Pooler mode: the limits as SET LOCAL, run first in each mutate transaction.
         self._local_limits = self._limits.local_settings if self.pooler else None
@@ -88,41 +101,64 @@ class PostgresStore:
             self._limits,
             pooler=self.pooler,
         )
-        kwargs = _core.connect_kwargs(schema, self.pooler)
+        self._min_size = min_size
+        self._max_size = max_size
+        self._auto_migrate = auto_migrate
+        self._connect_timeout = connect_timeout
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._conns: ConnectionStack | None = None
+        self._open()
+
+    @property
+    def limits(self) -> _core.Limits:
+        """The store's statement, lock and pool time limits (as its errors name them)."""
+        return self._limits
+
+    def _open(self) -> None:
+        """Connect once, migrate (or check), then open the pool and the LIFO stack."""
+        if self._pool is not None:
+            return
+        # Starting the embedded server blocks for about a second: keep a loop free.
+        dsn = resolve_dsn(self._dsn)
+        self.dsn = dsn
+        kwargs = _core.connect_kwargs(self.schema, self.pooler)
         # One direct connection first: a bad DSN or a down server fails fast with
         # one clear error instead of a pool retrying in the background. Migrations
         # run without the time limits: they wait for each other on purpose.
         try:
-            with psycopg.connect(
-                self.dsn, connect_timeout=math.ceil(connect_timeout), **kwargs
-            ) as conn:
-                if auto_migrate:
+            conn = psycopg.Connection.connect(
+                dsn, connect_timeout=math.ceil(self._connect_timeout), **kwargs
+            )
+        except psycopg.OperationalError as exc:
+            raise _core.unavailable(exc, dsn=dsn) from exc
+        try:
+            with conn:
+                if self._auto_migrate:
                     migrate(conn, self.schema)
                 else:
                     _core.require_migrated(migration_state(conn, self.schema))
-        except psycopg.OperationalError as exc:
-            raise _core.unavailable(exc, dsn=self.dsn) from exc
         except psycopg.Error as exc:
             raise self._error(exc) from exc
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            self.dsn,
-            min_size=min_size,
-            max_size=max_size,
+        pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
             kwargs=kwargs,
             configure=self._configure,
             timeout=self._limits.pool_timeout,
             open=False,
-            name=f"pglease-{schema}",
+            name=f"pglease-{self.schema}",
         )
         try:
-            with _core.PoolConnectErrors(self._pool.name) as connect_errors:
-                self._pool.open(wait=True, timeout=connect_timeout)
+            with _core.PoolConnectErrors(pool.name) as connect_errors:
+                pool.open(wait=True, timeout=self._connect_timeout)
         except BaseException as exc:
-            self._pool.close()  # stop its worker threads; the caller gets the error
+            pool.close()  # stop its workers; the caller gets the error
             if isinstance(exc, psycopg.Error):
-                raise _core.pool_unavailable(exc, connect_errors.last, self.dsn) from exc
+                raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
             raise
-        self._conns = ConnectionStack(self._pool)
+        self._pool = pool
+        self._conns = ConnectionStack(pool)
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         """The pool calls this on connect: the time limits, then the fast path's
@@ -139,18 +175,25 @@ class PostgresStore:
     def _error(self, exc: psycopg.Error) -> PgleaseError:
         return _core.driver_error(exc, self._limits, self.dsn)
 
-    def _take(self) -> psycopg.Connection[Any]:
+    @property
+    def _stack(self) -> ConnectionStack:
+        if self._conns is None:
+            raise StoreClosedError(_NOT_OPEN)
+        return self._conns
+
+    def _take(self, conns: ConnectionStack) -> psycopg.Connection[Any]:
         """A live connection; the pool's errors as PgleaseErrors (nothing was sent)."""
         try:
-            return self._conns.take()
+            return conns.take()
         except psycopg.Error as exc:
             raise self._error(exc) from exc
 
     def _read(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run a read (or an idempotent write) once more on a fresh connection when
         the connection breaks under it: running it twice is harmless."""
+        conns = self._stack
         for attempt in (1, 2):
-            conn = self._take()
+            conn = self._take(conns)
             try:
                 return fn(conn)
             except psycopg.Error as exc:
@@ -162,7 +205,7 @@ class PostgresStore:
                 error = self._error(exc)
                 raise error from _core.cause_of(error, exc)
             finally:
-                self._conns.give_back(conn)
+                conns.give_back(conn)
         raise AssertionError("unreachable")
 
     def _write(
@@ -170,8 +213,9 @@ class PostgresStore:
     ) -> list[bytes]:
         """One fast-path write. Retried once only when it certainly never ran; a
         connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
+        conns = self._stack
         for attempt in (1, 2):
-            conn = self._take()
+            conn = self._take(conns)
             try:
                 return self._fast.call(conn, name, args)
             except NotSentError as exc:
@@ -185,13 +229,8 @@ class PostgresStore:
                 error = self._error(exc)
                 raise error from _core.cause_of(error, exc)
             finally:
-                self._conns.give_back(conn)
+                conns.give_back(conn)
         raise AssertionError("unreachable")
-
-    @property
-    def limits(self) -> _core.Limits:
-        """The store's statement, lock and pool time limits (as its errors name them)."""
-        return self._limits
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -200,8 +239,13 @@ class PostgresStore:
         self.close()
 
     def close(self) -> None:
-        self._conns.drain()
-        self._pool.close()
+        """Close the pool, with the connections kept for reuse; closing twice is harmless."""
+        if self._pool is not None and self._conns is not None:
+            pool, conns, self._pool = self._pool, self._conns, None
+            # A blocking store keeps its stack: a call after close then gets the
+            # pool's PoolClosed, which the lease API reports as StoreClosedError.
+            conns.drain()
+            pool.close()
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -210,13 +254,26 @@ class PostgresStore:
         This is the driver's own connection: errors of the SQL run on it, and of
         checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
         """
-        with self._conns.borrow() as conn:
+        with self._stack.borrow() as conn:
             yield conn
 
-    def _one(self, query: bytes, args: list[Any]) -> tuple[Any, ...]:
-        row = self._read(lambda conn: conn.execute(query, args).fetchone())
-        assert row is not None
-        return tuple(row)
+    def _row(self, query: bytes, args: list[Any]) -> Any:
+        """The first row of one read statement, or None (see `_read`)."""
+
+        def read(conn: psycopg.Connection[Any]) -> Any:
+            cursor = conn.execute(query, args)
+            return cursor.fetchone()
+
+        return self._read(read)
+
+    def _rows(self, query: bytes, args: list[Any]) -> list[Any]:
+        """Every row of one read statement (see `_read`)."""
+
+        def read(conn: psycopg.Connection[Any]) -> list[Any]:
+            cursor = conn.execute(query, args)
+            return cursor.fetchall()
+
+        return self._read(read)
 
     def migrate(self) -> list[str]:
         """Apply pending migrations; return the names of those applied."""
@@ -239,7 +296,9 @@ class PostgresStore:
 
     def ensure_resource(self, resource_type: str, key: str) -> str:
         """Create the resource if needed and return its deterministic id (no event)."""
-        return str(self._one(self._q.ensure, list(_core.ensure_args(resource_type, key)))[0])
+        row = self._row(self._q.ensure, list(_core.ensure_args(resource_type, key)))
+        assert row is not None  # the statement always returns the id
+        return str(row[0])
 
     def claim(
         self,
@@ -318,13 +377,15 @@ class PostgresStore:
         runs once.
         """
         args = _core.mutate_args(permit, event_type, payload, actor, now)
-        conn = self._take()
+        conns = self._stack
+        conn = self._take(conns)
         phase = _core.BEGIN
         try:
             with conn.transaction():
                 if self._local_limits is not None:
                     conn.execute(self._local_limits)
-                row = conn.execute(self._q.mutate_begin, args).fetchone()
+                cursor = conn.execute(self._q.mutate_begin, args)
+                row = cursor.fetchone()
                 assert row is not None
                 phase = _core.APPLY
                 value = apply(conn) if apply is not None else None
@@ -337,14 +398,13 @@ class PostgresStore:
                 raise
             raise error from _core.cause_of(error, exc)
         finally:
-            self._conns.give_back(conn)
+            conns.give_back(conn)
         return MutationResult(permit.resource_id, row[0], row[1], value)
 
     def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
         """The resource with its lease state, judged by the database clock (or `now`)."""
         check_resource_id(resource_id)
-        args: list[Any] = [_core.check_now(now), resource_id]
-        row = self._read(lambda conn: conn.execute(self._q.get, args).fetchone())
+        row = self._row(self._q.get, [_core.check_now(now), resource_id])
         if row is None:
             raise UnknownResourceError(f"unknown resource {resource_id}")
         return _core.parse_resource(row)
@@ -360,17 +420,19 @@ class PostgresStore:
             query, args = self._q.list_all, [now]
         else:
             query, args = self._q.list_type, [now, resource_type]
-        rows = self._read(lambda conn: conn.execute(query, args).fetchall())
-        return [_core.parse_resource(r) for r in rows]
+        return [_core.parse_resource(r) for r in self._rows(query, args)]
 
     def events(self, resource_id: str, after_revision: int = 0, limit: int = 1000) -> list[Event]:
         """A resource's events in revision order, after `after_revision`."""
         args = _core.events_of_args(resource_id, after_revision, limit)
 
         def read(conn: psycopg.Connection[Any]) -> list[Any]:
-            rows = conn.execute(self._q.events_of, args).fetchall()
-            if not rows and not conn.execute(self._q.resource_exists, [resource_id]).fetchone():
-                raise UnknownResourceError(f"unknown resource {resource_id}")
+            cursor = conn.execute(self._q.events_of, args)
+            rows = cursor.fetchall()
+            if not rows:
+                cursor = conn.execute(self._q.resource_exists, [resource_id])
+                if cursor.fetchone() is None:
+                    raise UnknownResourceError(f"unknown resource {resource_id}")
             return rows
 
         return [_core.parse_event(r) for r in self._read(read)]
@@ -383,15 +445,15 @@ class PostgresStore:
         """
         # The cursor is checked against this log in the same statement (cursor_check).
         read = cursor_check.pg_events_after(self.schema, cursor, limit)
-        rows = self._read(lambda conn: conn.execute(read.query, read.args).fetchall())
-        return read.events(rows)
+        return read.events(self._rows(read.query, read.args))
 
     # --- fleet runtime (see pglease.fleet) -------------------------------------------
 
     def hold(
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
     ) -> AbstractContextManager[HeldLease]:
-        """``with store.hold(type, key, owner, ttl) as lease:`` see `pglease.fleet.hold`."""
+        """Hold a lease for a block: ``(async) with store.hold(type, key, owner, ttl) as
+        lease:``; see `pglease.fleet.hold` (and `hold_async`)."""
         from ..fleet import hold
 
         return hold(self, resource_type, key, owner, ttl, **options)
@@ -405,13 +467,13 @@ class PostgresStore:
         timeout: float | None = None,
         **options: Any,
     ) -> Claim:
-        """Wait for the lease and claim it; see `pglease.fleet.acquire`."""
+        """Wait for the lease and claim it; see `pglease.fleet.acquire` (and `acquire_async`)."""
         from ..fleet import acquire
 
         return acquire(self, resource_type, key, owner, ttl, timeout, **options)
 
     def elect(self, name: str, candidate: Owner, **options: Any) -> Election:
-        """Campaign for leadership of `name`; see `pglease.fleet.elect`."""
+        """Campaign for leadership of `name`; see `pglease.fleet.elect` (and `elect_async`)."""
         from ..fleet import elect
 
         return elect(self, name, candidate, **options)
@@ -444,7 +506,7 @@ class PostgresStore:
         as `WatchFailedError`; `watcher.health` tells the last error and the lag.
         `mode` defaults to "listen", or "poll" in pooler mode (where "listen" is
         refused: a pooler does not keep a LISTEN's session).
-        See `pglease.watch.Watcher`."""
+        See `pglease.watch.Watcher` (and `AsyncWatcher`)."""
         from ..watch import watch
 
         return watch(
@@ -460,4 +522,3 @@ class PostgresStore:
             clock=clock,
             tuning=tuning,
         )
-
