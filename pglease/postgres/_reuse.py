@@ -10,7 +10,9 @@ psycopg-pool's checkout and return cost about 25 us of client CPU each
 (statistics, conditions, state checks); a lease call makes one per operation,
 and on a small machine that CPU is taken from PostgreSQL. Connections are
 taken from the pool once and then reused from this stack. A connection that
-comes back broken or not idle is handed to the pool, which resets or replaces it.
+comes back broken or not idle is handed to the pool, which resets or replaces it;
+so is every connection while a caller waits in the pool for one (all being in
+use), or that caller would wait out its timeout while others kept theirs here.
 
 Every connection is checked before use (`alive`): one the server closed while
 it sat idle (pg_terminate_backend, a restart, idle_session_timeout) is dropped
@@ -21,6 +23,7 @@ failing with an outcome nobody can know.
 from __future__ import annotations
 
 import select
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -59,15 +62,15 @@ def discard(conn: psycopg.Connection[Any]) -> None:
 
 
 class ConnectionStack:
-    """Connections of one pool, reused last-in first-out.
-
-    No lock: the stack is touched only by `list.pop()`, `list.append()` and
-    one swap, each atomic on its own (for threads: the Python FAQ, "What kinds
-    of global value mutation are thread-safe?"; for tasks: no await inside)."""
+    """Connections of one pool, reused last-in first-out."""
 
     def __init__(self, pool: ConnectionPool[psycopg.Connection[Any]]) -> None:
         self._pool = pool
         self._idle: list[psycopg.Connection[Any]] = []
+        #: Callers waiting in the pool's getconn: while any, connections go back there.
+        self._waiting = 0
+        # Tasks need no lock: nothing awaits while it is held. Threads do.
+        self._lock = threading.Lock()
 
     def take(self) -> psycopg.Connection[Any]:
         """A live connection for one call; hand it back with `give_back` in a `finally`.
@@ -78,10 +81,18 @@ class ConnectionStack:
         # Every dead one is dropped, so the stack and the pool run out of them;
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
-            try:
-                conn = self._idle.pop()
-            except IndexError:  # none kept: check one out (the pool may wait)
-                conn = self._pool.getconn()
+            with self._lock:
+                kept = self._idle.pop() if self._idle else None
+                if kept is None:
+                    self._waiting += 1
+            if kept is not None:
+                conn = kept
+            else:
+                try:
+                    conn = self._pool.getconn()
+                finally:
+                    with self._lock:
+                        self._waiting -= 1
             if alive(conn):
                 return conn
             discard(conn)
@@ -101,12 +112,15 @@ class ConnectionStack:
         """Keep an idle connection for the next call; the pool gets any other."""
         pgconn = conn.pgconn
         if pgconn.status == _OK and pgconn.transaction_status == _IDLE and not conn.closed:
-            self._idle.append(conn)
-        else:
-            self._pool.putconn(conn)
+            with self._lock:
+                if not self._waiting:
+                    self._idle.append(conn)
+                    return
+        self._pool.putconn(conn)
 
     def drain(self) -> None:
         """Return every kept connection to the pool (before closing it)."""
-        idle, self._idle = self._idle, []
+        with self._lock:
+            idle, self._idle = self._idle, []
         for conn in idle:
             self._pool.putconn(conn)

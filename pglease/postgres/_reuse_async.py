@@ -9,7 +9,9 @@ psycopg-pool's checkout and return cost about 25 us of client CPU each
 (statistics, conditions, state checks); a lease call makes one per operation,
 and on a small machine that CPU is taken from PostgreSQL. Connections are
 taken from the pool once and then reused from this stack. A connection that
-comes back broken or not idle is handed to the pool, which resets or replaces it.
+comes back broken or not idle is handed to the pool, which resets or replaces it;
+so is every connection while a caller waits in the pool for one (all being in
+use), or that caller would wait out its timeout while others kept theirs here.
 
 Every connection is checked before use (`alive`): one the server closed while
 it sat idle (pg_terminate_backend, a restart, idle_session_timeout) is dropped
@@ -21,12 +23,14 @@ from __future__ import annotations
 
 import select
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
+
+# sync: import threading
 
 _OK = pq.ConnStatus.OK
 _IDLE = pq.TransactionStatus.IDLE
@@ -58,15 +62,15 @@ def discard(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 class AsyncConnectionStack:
-    """Connections of one pool, reused last-in first-out.
-
-    No lock: the stack is touched only by `list.pop()`, `list.append()` and
-    one swap, each atomic on its own (for threads: the Python FAQ, "What kinds
-    of global value mutation are thread-safe?"; for tasks: no await inside)."""
+    """Connections of one pool, reused last-in first-out."""
 
     def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
         self._pool = pool
         self._idle: list[psycopg.AsyncConnection[Any]] = []
+        #: Callers waiting in the pool's getconn: while any, connections go back there.
+        self._waiting = 0
+        # Tasks need no lock: nothing awaits while it is held. Threads do.
+        self._lock = nullcontext()  # sync: self._lock = threading.Lock()
 
     async def take(self) -> psycopg.AsyncConnection[Any]:
         """A live connection for one call; hand it back with `give_back` in a `finally`.
@@ -77,10 +81,18 @@ class AsyncConnectionStack:
         # Every dead one is dropped, so the stack and the pool run out of them;
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
-            try:
-                conn = self._idle.pop()
-            except IndexError:  # none kept: check one out (the pool may wait)
-                conn = await self._pool.getconn()
+            with self._lock:
+                kept = self._idle.pop() if self._idle else None
+                if kept is None:
+                    self._waiting += 1
+            if kept is not None:
+                conn = kept
+            else:
+                try:
+                    conn = await self._pool.getconn()
+                finally:
+                    with self._lock:
+                        self._waiting -= 1
             if alive(conn):
                 return conn
             discard(conn)
@@ -100,12 +112,15 @@ class AsyncConnectionStack:
         """Keep an idle connection for the next call; the pool gets any other."""
         pgconn = conn.pgconn
         if pgconn.status == _OK and pgconn.transaction_status == _IDLE and not conn.closed:
-            self._idle.append(conn)
-        else:
-            await self._pool.putconn(conn)
+            with self._lock:
+                if not self._waiting:
+                    self._idle.append(conn)
+                    return
+        await self._pool.putconn(conn)
 
     async def drain(self) -> None:
         """Return every kept connection to the pool (before closing it)."""
-        idle, self._idle = self._idle, []
+        with self._lock:
+            idle, self._idle = self._idle, []
         for conn in idle:
             await self._pool.putconn(conn)
