@@ -20,7 +20,7 @@ import psycopg
 from .dsn import redact_dsn, resolve_dsn_source
 from .errors import InvalidTokenError
 from .postgres import PostgresStore
-from .postgres._core import unavailable
+from .postgres._core import pooler_mode, unavailable
 from .types import Owner
 from .validation import check_token
 
@@ -88,7 +88,14 @@ def connect_direct(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]
     if getattr(args, "dsn_source", None) is None:
         resolve_connection(args)
     try:
-        conn = psycopg.connect(args.dsn, autocommit=True, connect_timeout=10)
+        # In pooler mode psycopg must prepare nothing: see `_core.connect_kwargs`.
+        pooler = pooler_mode(bool(getattr(args, "pooler", False)))
+        conn = psycopg.connect(
+            args.dsn,
+            autocommit=True,
+            connect_timeout=10,
+            **({"prepare_threshold": None} if pooler else {}),
+        )
     except psycopg.OperationalError as exc:
         raise unavailable(exc) from exc
     with conn:

@@ -97,24 +97,31 @@ class Report:
         }
 
 
-def doctor(conn_or_store: Conn | PostgresStore, schema: str | None = None) -> Report:
+def doctor(
+    conn_or_store: Conn | PostgresStore, schema: str | None = None, *, pooler: bool | None = None
+) -> Report:
     """Run every check on a connection (or a store's pooled one) for `schema`.
 
-    `schema` defaults to the store's schema, else ``pglease``. Nothing is
-    written; each check runs in its own transaction (a savepoint when the
-    connection is not in autocommit), so one failing check does not stop the
-    others: it is reported as that check's error.
+    `schema` defaults to the store's schema, else ``pglease``. `pooler` says
+    whether the client runs in pooler mode (a store's own setting by default;
+    None: not known), which the `pooler` check reports. Nothing is written;
+    each check runs in its own transaction (a savepoint when the connection is
+    not in autocommit), so one failing check does not stop the others: it is
+    reported as that check's error.
     """
     if isinstance(conn_or_store, PostgresStore):
         with conn_or_store.connection() as conn:
-            return doctor(conn, schema or conn_or_store.schema)
+            mode = conn_or_store.pooler if pooler is None else pooler
+            return doctor(conn, schema or conn_or_store.schema, pooler=mode)
     schema = check_schema_name(schema or "pglease")
     report = Report(schema)
     conn = conn_or_store
     for name, run in _CHECKS:
         try:
             with conn.transaction():
-                found = run(conn, schema)
+                found = (
+                    check_pooler(conn, schema, pooler) if name == "pooler" else run(conn, schema)
+                )
         except psycopg.Error as exc:
             if conn.broken:
                 raise
@@ -309,35 +316,49 @@ def check_replication(conn: Conn, schema: str) -> list[Check]:
     return out
 
 
-def check_pooler(conn: Conn, schema: str) -> list[Check]:
+def check_pooler(conn: Conn, schema: str, pooler: bool | None = None) -> list[Check]:
     """Is a pooler or proxy between us and the server? (heuristic)
 
     A direct connection's BackendKeyData carries the backend's own pid; a
     pooler (PgBouncer, Odyssey, PgCat) hands out a key of its own. Its mode
-    (session or transaction pooling) cannot be told from the client.
+    (session or transaction pooling) cannot be told from the client, so the
+    verdict rests on the client's own pooler mode (`pooler`: None when unknown).
     """
     reported = conn.info.backend_pid
     actual = int(_one(conn, "SELECT pg_backend_pid()")[0])
+    mode = {True: "; pooler mode is on", False: "; pooler mode is off", None: ""}[pooler]
     if reported == actual:
-        return [Check("pooler", "ok", f"direct connection (backend pid {actual})")]
+        return [Check("pooler", "ok", f"direct connection (backend pid {actual}){mode}")]
     if not reported:
         return [
             Check(
                 "pooler",
                 "unknown",
                 "the connection reported no backend pid: cannot tell whether a pooler"
-                " is in between",
+                f" is in between{mode}",
+            )
+        ]
+    between = (
+        f"a pooler or proxy is in between (connection key pid {reported}, server"
+        f" backend pid {actual}); whether it pools by transaction cannot be told"
+    )
+    if pooler:
+        return [
+            Check(
+                "pooler",
+                "ok",
+                f"{between}; pooler mode is on (no prepared statements or session SETs,"
+                " time limits per transaction, watchers poll), safe for either mode",
             )
         ]
     return [
         Check(
             "pooler",
             "warn",
-            f"a pooler or proxy is in between (connection key pid {reported}, server"
-            f" backend pid {actual}); whether it pools by transaction cannot be told",
-            "with transaction pooling, LISTEN does not work: use watch(mode='poll')"
-            " (pglease watch --poll); pglease's session SETs are re-applied per"
-            " connection, run the store against the server directly where you can",
+            f"{between}{mode}",
+            "with transaction pooling, open stores in pooler mode (pooler=True, CLI"
+            " --pooler, or PGLEASE_POOLER=transaction): prepared statements, session"
+            " SETs and LISTEN do not survive it; session pooling needs nothing",
         )
     ]
 
@@ -626,10 +647,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .cli_support import connect_direct, fail, print_json
+    from .postgres._core import pooler_mode
 
     try:
         with connect_direct(args) as conn:
-            report = doctor(conn, args.schema)
+            report = doctor(conn, args.schema, pooler=pooler_mode(getattr(args, "pooler", False)))
     except (PgleaseError, psycopg.Error) as exc:
         # Not reaching the server is an error, not the "warnings" exit 1.
         return fail(f"doctor: {exc}", EXIT_ERROR)

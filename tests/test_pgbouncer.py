@@ -366,3 +366,491 @@ def test_the_cli_through_the_pooler(store: PostgresStore, bouncer_dsn: str, sche
     finally:
         watched.terminate()
         watched.wait(timeout=30)
+
+
+# --- time limits on single statements ------------------------------------------------------
+
+
+def _lock_lease_row(dsn: str, schema: str, rid: str) -> psycopg.Connection[Any]:
+    """A direct connection holding the lease row's lock in an open transaction."""
+    conn = psycopg.connect(dsn)
+    conn.execute(f'SELECT 1 FROM "{schema}".leases WHERE resource_id = %s FOR UPDATE', [rid])
+    return conn
+
+
+def _raised_within(fn: Any, limit: float = 60.0) -> BaseException | None:
+    """What `fn()` raised, run on a thread: a call that hangs fails the test after
+    `limit` seconds instead of hanging the suite (the caller's `finally` then
+    releases the lock it waits for)."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            out.append(None)
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert out, f"still waiting after {limit:g} s: the statement is not bounded"
+    return out[0]
+
+
+def test_fast_path_and_reads_are_bounded_by_lock_timeout(
+    bouncer_dsn: str, pg_dsn: str, schema: str
+) -> None:
+    """A claim, renew or release, and a read, waiting on a lock held by another
+    connection end with LockTimeoutError (no session SET bounds them here)."""
+    from pglease.errors import LockTimeoutError
+
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.5) as s:
+        rid = s.ensure_resource("job", "locked")
+        claim = s.claim(rid, Owner("w", "1"), 30)
+        assert claim is not None
+        blocker = _lock_lease_row(pg_dsn, schema, rid)
+        try:
+            raised = _raised_within(lambda: s.claim(rid, Owner("w", "2"), 30))
+            assert isinstance(raised, LockTimeoutError), raised
+            assert "lock_timeout=0.5 s" in str(raised)
+            assert isinstance(_raised_within(lambda: s.renew(claim, 30)), LockTimeoutError)
+            assert isinstance(_raised_within(lambda: s.release(claim)), LockTimeoutError)
+            # Reads: a table lock makes even a plain SELECT wait.
+            blocker.execute(
+                f'LOCK TABLE "{schema}".resources, "{schema}".events IN ACCESS EXCLUSIVE MODE'
+            )
+            for read in (
+                lambda: s.get(rid),
+                lambda: s.list_resources(),
+                lambda: s.events(rid),
+                lambda: s.ensure_resource("job", "other"),
+            ):
+                raised = _raised_within(read)
+                assert isinstance(raised, LockTimeoutError), raised
+        finally:
+            blocker.rollback()
+            blocker.close()
+        # Nothing changed, and the limits ended with their transactions.
+        state = s.get(rid)
+        assert state.revision == claim.revision and state.lease.generation == claim.generation
+        assert s.renew(claim, 30).revision == claim.revision + 1
+    with psycopg.connect(bouncer_dsn, autocommit=True, prepare_threshold=None) as plain:
+        row = plain.execute("SHOW lock_timeout").fetchone()
+        assert row is not None and row[0] == "0"
+
+
+def test_fast_path_is_bounded_by_statement_timeout(
+    bouncer_dsn: str, pg_dsn: str, schema: str
+) -> None:
+    from pglease.errors import StatementTimeoutError
+
+    async def main() -> None:
+        async with AsyncPostgresStore(
+            bouncer_dsn, schema=schema, pooler=True, lock_timeout=None, statement_timeout=0.5
+        ) as s:
+            rid = await s.ensure_resource("job", "slow")
+            blocker = _lock_lease_row(pg_dsn, schema, rid)
+            try:
+                with pytest.raises(StatementTimeoutError, match=r"statement_timeout=0\.5 s"):
+                    await asyncio.wait_for(s.claim(rid, Owner("w", "1"), 30), 30)
+            finally:
+                blocker.rollback()
+                blocker.close()
+            assert await s.claim(rid, Owner("w", "1"), 30) is not None
+
+    asyncio.run(main())
+    with PostgresStore(
+        bouncer_dsn, schema=schema, pooler=True, lock_timeout=None, statement_timeout=0.5
+    ) as s:
+        rid = s.ensure_resource("job", "slow")
+        blocker = _lock_lease_row(pg_dsn, schema, rid)
+        try:
+            raised = _raised_within(lambda: s.claim(rid, Owner("w", "2"), 30))
+            assert isinstance(raised, StatementTimeoutError), raised
+        finally:
+            blocker.rollback()
+            blocker.close()
+
+
+def test_a_session_set_does_not_last_a_set_local_does(bouncer_dsn: str) -> None:
+    """Why pglease sends SET LOCAL only: a session SET would stay on one server
+    connection (here the bouncer resets it, so it is simply gone next time)."""
+    with psycopg.connect(bouncer_dsn, autocommit=True, prepare_threshold=None) as conn:
+        conn.execute("SET lock_timeout = 1234")
+        row = conn.execute("SHOW lock_timeout").fetchone()
+        assert row is not None and row[0] == "0"  # not kept: another server connection
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = 1234")
+            row = conn.execute("SHOW lock_timeout").fetchone()
+            assert row is not None and row[0] == "1234ms"
+
+
+# --- fleet: fair acquire, elections, the reaper and prune ----------------------------------
+
+
+def test_fair_acquire_is_woken_by_release(store: PostgresStore, bouncer_dsn: str) -> None:
+    rid = store.ensure_resource("svc", "fair")
+    held = store.claim(rid, Owner("host", "a"), 120)
+    assert held is not None
+    out: dict[str, Any] = {}
+
+    def waiter(name: str) -> None:
+        try:
+            started = time.monotonic()
+            claim = store.acquire("svc", "fair", Owner("host", name), 60, timeout=60, fair=True)
+            out[name] = (claim, time.monotonic() - started)
+            time.sleep(0.3)
+            store.release(claim)
+        except BaseException as exc:
+            out[name] = exc
+
+    with Busy(bouncer_dsn):
+        first = threading.Thread(target=waiter, args=("b",))
+        first.start()
+        time.sleep(1.5)  # b queues first
+        second = threading.Thread(target=waiter, args=("c",))
+        second.start()
+        time.sleep(1.5)
+        store.release(held)
+        first.join(60)
+        second.join(60)
+    b_claim, b_waited = out["b"]
+    c_claim, _ = out["c"]
+    # In arrival order, far within the 120 s expiry and the 60 s timeout.
+    assert b_claim.generation == held.generation + 1
+    assert c_claim.generation == b_claim.generation + 1
+    assert b_waited < 20
+
+
+def test_acquire_behind_a_locked_lease_row_is_bounded(
+    bouncer_dsn: str, pg_dsn: str, schema: str
+) -> None:
+    """A locked lease row is "busy" for acquire (it retries after lock_timeout)
+    and its own timeout ends the wait, fair or not: no hang in pooler mode."""
+    from pglease.errors import AcquireTimeoutError
+
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.3) as s:
+        rid = s.ensure_resource("svc", "locked")
+        blocker = _lock_lease_row(pg_dsn, schema, rid)
+        try:
+            for fair in (False, True):
+                raised = _raised_within(
+                    lambda fair=fair: s.acquire(
+                        "svc", "locked", Owner("host", "w"), 30, timeout=2, fair=fair
+                    )
+                )
+                assert isinstance(raised, AcquireTimeoutError), raised
+        finally:
+            blocker.rollback()
+            blocker.close()
+        assert s.acquire("svc", "locked", Owner("host", "w"), 30, timeout=10).generation == 1
+
+        async def main() -> None:
+            async with AsyncPostgresStore(
+                bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.3
+            ) as a:
+                other = await a.ensure_resource("svc", "alocked")
+                blocker = _lock_lease_row(pg_dsn, schema, other)
+                try:
+                    with pytest.raises(AcquireTimeoutError):
+                        await asyncio.wait_for(
+                            a.acquire("svc", "alocked", Owner("host", "w"), 30, timeout=2), 60
+                        )
+                finally:
+                    blocker.rollback()
+                    blocker.close()
+
+        asyncio.run(main())
+
+
+def test_elect_leader_resign(store: PostgresStore, bouncer_dsn: str) -> None:
+    from pglease.fleet import ELECTION_TYPE
+
+    elected = threading.Event()
+    deposed = threading.Event()
+    with Busy(bouncer_dsn):
+        first = store.elect("sched", Owner("host", "a"), ttl=3, on_elected=lambda _: elected.set(),
+                            on_deposed=lambda _: deposed.set())  # fmt: skip
+        try:
+            assert first.wait_elected(30)
+            leader = store.leader("sched")
+            assert leader is not None and leader.owner == Owner("host", "a")
+            second = store.elect("sched", Owner("host", "b"), ttl=3)
+            try:
+                time.sleep(3.5)  # more than a ttl: the leader's beats keep it
+                assert first.is_leader and not second.is_leader
+                first.stop()  # resigns
+                assert deposed.is_set()
+                assert second.wait_elected(30)
+                now = store.leader("sched")
+                assert now is not None and now.owner == Owner("host", "b")
+                assert now.generation == leader.generation + 1
+            finally:
+                second.stop()
+        finally:
+            first.stop()
+    assert store.leader("sched") is None
+    rid = store.ensure_resource(ELECTION_TYPE, "sched")
+    assert [e.type for e in store.events(rid)][-1] == "lease.released"
+
+
+def test_async_elect_hold_and_acquire(bouncer_dsn: str, schema: str) -> None:
+    async def main() -> None:
+        async with AsyncPostgresStore(bouncer_dsn, schema=schema, pooler=True, max_size=3) as s:
+            election = await s.elect("sched", Owner("host", "a"), ttl=3)
+            try:
+                assert await asyncio.wait_for(_until(lambda: election.is_leader), 30)
+                leader = await s.leader("sched")
+                assert leader is not None and leader.owner == Owner("host", "a")
+            finally:
+                await election.stop()
+            assert await s.leader("sched") is None
+
+            async with s.hold("svc", "h", Owner("host", "h1"), ttl=1.0) as lease:
+                first = lease.expires_at
+                await asyncio.sleep(2.0)
+                lease.check()
+                assert lease.expires_at > first
+                # acquire waits for the holder and is woken by its release
+                waiter = asyncio.create_task(
+                    s.acquire("svc", "h", Owner("host", "h2"), 30, timeout=30)
+                )
+                await asyncio.sleep(1.0)
+                assert not waiter.done()
+            started = time.monotonic()
+            claim = await asyncio.wait_for(waiter, 30)
+            assert claim.owner == Owner("host", "h2") and time.monotonic() - started < 10
+            fair = asyncio.create_task(
+                s.acquire("svc", "h", Owner("host", "h3"), 30, timeout=30, fair=True)
+            )
+            await asyncio.sleep(1.0)
+            await s.release(claim)
+            assert (await asyncio.wait_for(fair, 30)).owner == Owner("host", "h3")
+
+    asyncio.run(main())
+
+
+async def _until(predicate: Any) -> bool:
+    while not predicate():
+        await asyncio.sleep(0.05)
+    return True
+
+
+def test_reaper_and_prune(store: PostgresStore, bouncer_dsn: str, schema: str) -> None:
+    from pglease.watch import Reaper, prune, reap_once
+
+    rids = [store.ensure_resource("run", k) for k in ("r1", "r2")]
+    for rid in rids:
+        assert store.claim(rid, Owner("host", "a"), 0.05) is not None
+    time.sleep(0.2)
+    with Busy(bouncer_dsn):
+        assert reap_once(store) == 2
+        assert reap_once(store) == 0
+        rid3 = store.ensure_resource("run", "r3")
+        assert store.claim(rid3, Owner("host", "a"), 0.05) is not None
+        with Reaper(store, Owner("host", "reaper"), interval=0.1) as reaper:
+            deadline = time.monotonic() + 30
+            while reaper.reaped < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert reaper.reaped == 1 and reaper.active
+    for rid in [*rids, rid3]:
+        assert [e.type for e in store.events(rid)] == ["lease.claimed", "lease.expired"]
+    before = len(store.events_after("start"))
+    assert prune(store, 3600) == 0  # nothing that old
+    time.sleep(1.2)
+    pruned = prune(store, 1)
+    assert pruned >= 6 and len(store.events_after("start")) == before - pruned
+
+
+# --- sessions in PostgreSQL ----------------------------------------------------------------
+
+
+def test_postgres_sessions(store: PostgresStore, bouncer_dsn: str, tmp_path: Path) -> None:
+    from pglease.sessions import (
+        PostgresSessionRepository,
+        SessionAlreadyClaimedError,
+        SessionRepository,
+        SetRegister,
+    )
+
+    with Busy(bouncer_dsn), PostgresSessionRepository(store, renew_interval=None) as repo:
+        with repo.create("s1") as session:
+            first = session.append_message(None, {"role": "user", "content": "hi"})
+            second = session.append_message(first.id, {"role": "assistant", "content": "yo"})
+            session.commit([SetRegister("lane.leaf", "main", second.id)])
+            # The writer lease is held by this writer and refused to a second one.
+            with pytest.raises(SessionAlreadyClaimedError, match=session.owner_id):
+                repo.open("s1")
+            assert [e.id for e in session.scan_branch(second.id)] == [second.id, first.id]
+        path = repo.fork_to_file("s1", tmp_path, "branch", second.id, id="f1")
+        assert path == tmp_path / "f1.sqlite"
+        files = SessionRepository(tmp_path, renew_interval=None)
+        with files.open("f1") as local:
+            third = local.append_message(second.id, {"role": "user", "content": "offline"})
+            local.commit([SetRegister("lane.leaf", "main", third.id)])
+        with repo.import_file(path, id="back") as back:
+            leaf = back.get_register("lane.leaf", "main")
+            assert leaf is not None and leaf.value == third.id
+            ids = [e.id for e in back.scan_branch(third.id)]
+            assert ids == [third.id, second.id, first.id]
+        assert sorted(repo.list().ids()) == ["back", "s1"]
+
+
+def test_session_reads_are_bounded(bouncer_dsn: str, pg_dsn: str, schema: str) -> None:
+    from pglease.errors import LockTimeoutError
+    from pglease.sessions import PostgresSessionRepository
+
+    with (
+        PostgresStore(bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.5) as s,
+        PostgresSessionRepository(s, renew_interval=None) as repo,
+        repo.create("b1") as session,
+    ):
+        entry = session.append_message(None, {"role": "user", "content": "hi"})
+        blocker = psycopg.connect(pg_dsn)
+        try:
+            blocker.execute(f'LOCK TABLE "{schema}".session_entries IN ACCESS EXCLUSIVE MODE')
+            for read in (lambda: session.get_entry(entry.id), lambda: repo.snapshot("b1")):
+                raised = _raised_within(read)
+                assert isinstance(raised, LockTimeoutError), raised
+        finally:
+            blocker.rollback()
+            blocker.close()
+        assert session.get_entry(entry.id) == entry
+
+
+def test_async_postgres_sessions(bouncer_dsn: str, schema: str, tmp_path: Path) -> None:
+    from pglease.sessions import (
+        AsyncPostgresSessionRepository,
+        SessionAlreadyClaimedError,
+        SetRegister,
+    )
+
+    async def main() -> None:
+        async with (
+            AsyncPostgresStore(bouncer_dsn, schema=schema, pooler=True, max_size=3) as s,
+            AsyncPostgresSessionRepository(s, renew_interval=None) as repo,
+        ):
+            async with await repo.create("a1") as session:
+                entry = await session.append_message(None, {"role": "user", "content": "hi"})
+                await session.commit([SetRegister("lane.leaf", "main", entry.id)])
+                with pytest.raises(SessionAlreadyClaimedError):
+                    await repo.open("a1")
+            path = await repo.fork_to_file("a1", tmp_path, "tree", id="af")
+            async with await repo.import_file(path, id="aback") as back:
+                leaf = await back.get_register("lane.leaf", "main")
+                assert leaf is not None and leaf.value == entry.id
+
+    with Busy(bouncer_dsn):
+        asyncio.run(main())
+
+
+# --- every CLI command with --pooler -------------------------------------------------------
+
+
+def _cli(
+    dsn: str, schema: str, *args: str, timeout: float = 90, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "pglease", "--pooler", "--dsn", dsn, "--schema", schema, *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
+
+
+def test_every_cli_command_through_the_pooler(
+    store: PostgresStore, bouncer_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    import json
+    import sys
+
+    def run(*args: str, code: int = 0) -> str:
+        done = _cli(bouncer_dsn, schema, *args)
+        assert done.returncode == code, (args, done.stdout, done.stderr)
+        return done.stdout
+
+    claimed = json.loads(run("--json", "claim", "job", "c", "--owner", "host:a", "--ttl", "30"))
+    token = claimed["token"]
+    renewed = json.loads(run("--json", "renew", "job", "c", "--owner", "host:a",
+                             f"--token={token}", "--ttl", "40"))  # fmt: skip
+    assert renewed["revision"] == claimed["revision"] + 1
+    run("claim", "job", "c", "--owner", "host:b", "--ttl", "30", code=3)
+    got = json.loads(run("--json", "get", "job", "c"))
+    assert got["lease"]["holder"] == "host:a" and got["revision"] == renewed["revision"]
+    assert "resources" in run("status")
+    json.loads(run("--json", "status"))
+    assert "host:a" in run("ls", "--held")
+    run("release", "job", "c", "--owner", "host:a", f"--token={token}")
+    run("release", "job", "c", "--owner", "host:a", f"--token={token}", code=4)
+    types = [json.loads(line)["type"] for line in run("--json", "events", "job", "c").splitlines()]
+    assert types == ["lease.claimed", "lease.renewed", "lease.released"]
+    # revoke (as the owner: this role migrated the schema)
+    run("claim", "job", "r", "--owner", "host:a", "--ttl", "60")
+    run("revoke", "job", "r")
+    assert json.loads(run("--json", "get", "job", "r"))["lease"]["holder"] is None
+    # elections: elect as a process, leader, resign
+    elect = subprocess.Popen(
+        [sys.executable, "-m", "pglease", "--pooler", "--dsn", bouncer_dsn, "--schema", schema,
+         "--json", "elect", "sched", "--owner", "host:e", "--ttl", "6"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert elect.stdout is not None
+        assert json.loads(elect.stdout.readline())["leader"] == "host:e"
+        leader = json.loads(run("--json", "leader", "sched"))
+        assert leader["leader"] == "host:e" and leader["generation"] == 1
+        run("resign", "sched")
+        _, err = elect.communicate(timeout=60)
+        assert elect.returncode == 75, err
+    finally:
+        if elect.poll() is None:
+            elect.kill()
+            elect.wait(30)
+    run("leader", "sched", code=3)
+    # reap and prune
+    run("claim", "job", "x", "--owner", "host:a", "--ttl", "50ms")
+    time.sleep(0.2)
+    run("reap", "--once")
+    assert json.loads(run("--json", "events", "job", "x").splitlines()[-1])["type"] == (
+        "lease.expired"
+    )
+    dry = json.loads(run("--json", "prune", "--older-than", "1h", "--dry-run"))
+    assert dry["dry_run"] and dry["would_delete"] == 0
+    # hold and watch --poll
+    out = run("hold", "job", "h", "--owner", "host:h", "--ttl", "6", "--", sys.executable, "-c",
+              "import os; print('fence', os.environ['PGLEASE_FENCE'])")  # fmt: skip
+    assert "fence 1" in out
+    watched = subprocess.Popen(
+        [sys.executable, "-m", "pglease", "--pooler", "--dsn", bouncer_dsn, "--schema", schema,
+         "--json", "watch", "--poll", "--after", "start", "--type", "job"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert watched.stdout is not None
+        assert json.loads(watched.stdout.readline())["type"] == "lease.claimed"
+    finally:
+        watched.terminate()
+        watched.wait(30)
+    # doctor says a pooler is in between and that pooler mode is on
+    report = json.loads(run("--json", "doctor", code=1))
+    pooler = [c for c in report["checks"] if c["name"] == "pooler"]
+    assert pooler and "pooler mode is on" in pooler[0]["detail"], pooler
+    # sessions
+    from pglease.sessions import PostgresSessionRepository
+
+    with (
+        PostgresSessionRepository(store, renew_interval=None) as repo,
+        repo.create("cs") as session,
+    ):
+        session.append_message(None, {"role": "user", "content": "hi"})
+    listing = json.loads(run("--json", "session", "ls"))
+    assert [s["id"] for s in listing["sessions"]] == ["cs"]
+    assert json.loads(run("--json", "session", "show", "cs"))["entry_count"] == 1
+    forked = json.loads(run("--json", "session", "fork", "cs", "--to", str(tmp_path),
+                            "--scope", "tree", "--id", "cf"))  # fmt: skip
+    assert forked["entries"] == 1
+    exported = json.loads(run("--json", "session", "export", "cs", "--to", str(tmp_path),
+                              "--id", "ce"))  # fmt: skip
+    imported = json.loads(run("--json", "session", "import", exported["path"], "--id", "ci"))
+    assert imported["id"] == "ci" and imported["entries"] == 1

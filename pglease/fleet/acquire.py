@@ -169,6 +169,15 @@ def _limits(store: object) -> _core.Limits | None:
     return limits if isinstance(limits, _core.Limits) else None
 
 
+def _pooler_limits(store: object) -> bytes | None:
+    """Pooler mode: the store's limits as one `set_config(..., true)` statement to
+    run first in the attempt's transaction (no session SET bounds it there)."""
+    limits = _limits(store)
+    if limits is None or not getattr(store, "pooler", False):
+        return None
+    return limits.local_config
+
+
 def _busy(exc: psycopg.Error) -> bool:
     """The claim waited out the store's lock_timeout on the lease row: nothing changed."""
     return isinstance(exc, psycopg.errors.LockNotAvailable)
@@ -387,7 +396,13 @@ def _attempt_row(
     try:
         with store.connection() as conn:
             try:
-                row = conn.execute(query, args).fetchone()
+                if (bound := _pooler_limits(store)) is None:
+                    row = conn.execute(query, args).fetchone()
+                else:
+                    # BEGIN, the limits and the claim in one round trip, then COMMIT.
+                    with conn.pipeline(), conn.transaction():
+                        conn.execute(bound)
+                        row = conn.execute(query, args).fetchone()
             except psycopg.Error as exc:
                 if _busy(exc):
                     log.debug("acquire %s: lease row locked (lock_timeout), retrying", plan.rid)
@@ -610,8 +625,12 @@ async def _attempt_row_async(
     try:
         async with store.connection() as conn:
             try:
-                cur = await conn.execute(query, args)
-                row = await cur.fetchone()
+                if (bound := _pooler_limits(store)) is None:
+                    row = await (await conn.execute(query, args)).fetchone()
+                else:
+                    async with conn.pipeline(), conn.transaction():
+                        await conn.execute(bound)
+                        row = await (await conn.execute(query, args)).fetchone()
             except psycopg.Error as exc:
                 if _busy(exc):
                     log.debug("acquire %s: lease row locked (lock_timeout), retrying", plan.rid)

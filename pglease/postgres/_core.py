@@ -245,6 +245,21 @@ class Limits:
         return sets.replace(b"SET ", b"SET LOCAL ") if sets is not None else None
 
     @property
+    def local_config(self) -> bytes | None:
+        """The same limits as one `set_config(..., true)` statement (transaction-local,
+        like SET LOCAL), for a pipeline: the extended protocol takes one statement
+        per message."""
+        sets = [
+            f"set_config('{name}', '{math.ceil(value * 1000)}', true)"
+            for name, value in (
+                ("statement_timeout", self.statement_timeout),
+                ("lock_timeout", self.lock_timeout),
+            )
+            if value is not None
+        ]
+        return ("SELECT " + ", ".join(sets)).encode() if sets else None
+
+    @property
     def settings(self) -> bytes | None:
         """The SET statements every store connection runs once (None: nothing to set).
 

@@ -18,9 +18,13 @@ exist, after a DEALLOCATE ALL or DISCARD ALL; the store's session settings
 
 Pooler mode (``pooler=True``): a transaction-pooling pooler runs each call on
 whichever server connection is free, where a statement prepared earlier does
-not exist. The same text then goes as an unnamed statement (`exec_params`, the
-same parameter and result formats): one message sequence, parsed each time.
-Nothing is set per session in that mode (see `PostgresStore`).
+not exist, and a session SET would stay behind on it. Each call is then one
+simple-protocol query string, ``SET LOCAL statement_timeout = ...; SET LOCAL
+lock_timeout = ...; SELECT ...``, with the arguments as escaped literals: the
+server runs a multi-statement string as one implicit transaction, so the
+limits bound this call only and end with it, in the same single round trip
+(an extended-protocol statement cannot carry a second one). Without limits
+(both None) the call is an unnamed statement (`exec_params`).
 
 A failure before the call's own statement reached the server (sending it was
 refused, or preparing failed) raises `NotSentError`: such a call certainly did
@@ -30,6 +34,7 @@ driver's error, and a broken connection then means the outcome is unknown.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -48,6 +53,7 @@ _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 _ALREADY_PREPARED = b"42P05"  # duplicate_prepared_statement
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROS = "(extract(epoch FROM expires_at) * 1000000)::bigint"
+_PARAM = re.compile(rb"\$(\d+)")
 
 
 def from_micros(value: bytes) -> datetime:
@@ -106,6 +112,23 @@ class FastPath:
         # Text for every parameter but the token hash (bytea, sent as binary).
         self._formats = {CLAIM: [0, 0, 0, 1, 0, 0, 0], RENEW: [0, 0, 0, 0, 1, 0, 0, 0],
                          RELEASE: [0, 0, 0, 0, 1, 0, 0]}  # fmt: skip
+        #: Pooler mode: the limits as SET LOCALs sent ahead of each call.
+        self._local = limits.local_settings if pooler and limits is not None else None
+
+    def _bounded(self, conn: Any, name: bytes, values: list[Any]) -> bytes:
+        """Pooler mode: the call with its limits, as one query string of literals
+        (escaped by libpq for this connection; the binary token hash as hex)."""
+        escaping = pq.Escaping(conn.pgconn)
+        formats = self._formats[name]
+        literals = [
+            b"NULL"
+            if value is None
+            else escaping.escape_literal(b"\\x" + value.hex().encode() if binary else value)
+            for value, binary in zip(values, formats, strict=True)
+        ]
+        body = _PARAM.sub(lambda m: literals[int(m[1]) - 1], self._texts[name])
+        assert self._local is not None
+        return self._local + b"; " + body
 
     def prepare_on_connect(self, conn: psycopg.Connection[Any]) -> None:
         """Prepare the statements on a new connection (nothing in pooler mode);
@@ -138,6 +161,10 @@ class FastPath:
         """Run one prepared call and return its single row as raw text values."""
         values = [_encode(a) for a in args]
         formats = self._formats[name]
+        if self._local is not None:
+            result = self._exec_simple(conn, self._bounded(conn, name, values))
+            self._check(conn, result, _TUPLES_OK)
+            return [result.get_value(0, col) or b"" for col in range(result.nfields)]
         if self.pooler:
             result = self._exec_unnamed(conn, self._texts[name], values, formats)
             self._check(conn, result, _TUPLES_OK)
@@ -151,6 +178,13 @@ class FastPath:
                 result = self._exec(conn, name, values, formats)
             self._check(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+
+    @staticmethod
+    def _exec_simple(conn: psycopg.Connection[Any], text: bytes) -> pq.abc.PGresult:
+        try:
+            return conn.pgconn.exec_(text)  # the last statement's result (or the error)
+        except psycopg.Error as exc:
+            raise NotSentError(exc) from exc  # no result: libpq refused to send
 
     @staticmethod
     def _exec_unnamed(
@@ -182,7 +216,9 @@ class AsyncFastPath(FastPath):
         self, conn: psycopg.AsyncConnection[Any], name: bytes, values: list[Any], formats: list[int]
     ) -> pq.abc.PGresult:
         try:
-            if self.pooler:
+            if self._local is not None:
+                conn.pgconn.send_query(self._bounded(conn, name, values))
+            elif self.pooler:
                 conn.pgconn.send_query_params(self._texts[name], values, param_formats=formats)
             else:
                 conn.pgconn.send_query_prepared(name, values, formats)

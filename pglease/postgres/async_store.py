@@ -93,6 +93,8 @@ class AsyncPostgresStore:
         self._q = Queries(schema)
         #: Pooler mode: the limits as SET LOCAL, run first in each mutate transaction.
         self._local_limits = self._limits.local_settings if self.pooler else None
+        #: Pooler mode: the same as one statement, pipelined ahead of each read.
+        self._local_config = self._limits.local_config if self.pooler else None
         # Pooler mode sets nothing per session: the limits go per transaction
         # (mutate), and the fast path sends unnamed statements.
         self._fast = AsyncFastPath(
@@ -197,13 +199,23 @@ class AsyncPostgresStore:
         except psycopg.Error as exc:
             raise self._error(exc) from exc
 
-    async def _read(self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+    async def _read(
+        self, fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]], bounded: bool = True
+    ) -> T:
         """Run a read (or an idempotent write) once more on a fresh connection when
-        the connection breaks under it: running it twice is harmless."""
+        the connection breaks under it: running it twice is harmless.
+
+        In pooler mode `fn` runs in a transaction that starts with the limits as
+        SET LOCAL (pipelined with it: BEGIN, the SETs and the first statement
+        go in one round trip), since no session SET bounds it there."""
         conns = self._stack
         for attempt in (1, 2):
             conn = await self._take(conns)
             try:
+                if bounded and self._local_config is not None:
+                    async with conn.pipeline(), conn.transaction():
+                        await conn.execute(self._local_config)
+                        return await fn(conn)
                 return await fn(conn)
             except psycopg.Error as exc:
                 broken = conn.broken
@@ -313,7 +325,7 @@ class AsyncPostgresStore:
                 else:
                     discard(conn)  # never reuse it without its limits
 
-        return await self._read(run)  # migrating is idempotent
+        return await self._read(run, bounded=False)  # idempotent; migrators wait on purpose
 
     async def ensure_resource(self, resource_type: str, key: str) -> str:
         """Create the resource if needed and return its deterministic id (no event)."""

@@ -310,6 +310,12 @@ class _Store(Protocol):
     def dsn(self) -> str | None: ...
 
 
+def pooler_limits(store: _Store) -> bytes | None:
+    """Pooler mode: the store's limits as one `set_config(..., true)` statement for
+    the start of a read's transaction (no session SET bounds a read there)."""
+    return store.limits.local_config if getattr(store, "pooler", False) else None
+
+
 def driver_error(store: _Store, exc: psycopg.Error, broken: bool = False) -> PgleaseError:
     """A driver error of the session SQL as a PgleaseError, named as the store names
     its own: its time limits (StatementTimeoutError, LockTimeoutError), a lost

@@ -111,6 +111,7 @@ from .pg_core import (
     import_gone,
     new_owner_id,
     new_session_plan,
+    pooler_limits,
     register_batches,
     register_from_row,
     stale_import_problem,
@@ -273,15 +274,20 @@ def _fork_source(
 # --- reading ------------------------------------------------------------------------------
 
 
-def _read(store: PostgresStore, fn: Callable[[Conn], T]) -> T:
+def _read(store: PostgresStore, fn: Callable[[Conn], T], bounded: bool = True) -> T:
     """Run a read on a store connection; once more on a fresh one when the
     connection breaks under it (a read is safe to repeat). Driver errors come
-    out as PgleaseErrors, as from the store's own reads."""
+    out as PgleaseErrors, as from the store's own reads. In pooler mode it runs
+    in a transaction that sets the store's limits first (pipelined with it)."""
     for attempt in (1, 2):
         conn: Conn | None = None
         try:
             with store.connection() as conn:
-                return fn(conn)
+                if not bounded or (limits := pooler_limits(store)) is None:
+                    return fn(conn)
+                with conn.pipeline(), conn.transaction():
+                    conn.execute(limits)
+                    return fn(conn)
         except psycopg.Error as exc:
             broken = conn is not None and conn.broken
             if broken and attempt == 1:
@@ -296,10 +302,12 @@ def _read_consistent(store: PostgresStore, q: Sql, fn: Callable[[Conn], T]) -> T
 
     def run(conn: Conn) -> T:
         with conn.transaction():
-            conn.execute(q.read_only)
+            conn.execute(q.read_only)  # first: it must precede any query
+            if (limits := pooler_limits(store)) is not None:
+                conn.execute(limits)
             return fn(conn)
 
-    return _read(store, run)
+    return _read(store, run, bounded=False)
 
 
 def _mutation_error(store: PostgresStore, exc: psycopg.Error) -> PgleaseError:

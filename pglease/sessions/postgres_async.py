@@ -104,6 +104,7 @@ from .pg_core import (
     import_gone,
     new_owner_id,
     new_session_plan,
+    pooler_limits,
     register_batches,
     register_from_row,
     stale_import_problem,
@@ -239,15 +240,22 @@ def _bridged(
             yield entry_from_row(row)
 
 
-async def _read(store: AsyncPostgresStore, fn: Callable[[AConn], Awaitable[T]]) -> T:
+async def _read(
+    store: AsyncPostgresStore, fn: Callable[[AConn], Awaitable[T]], bounded: bool = True
+) -> T:
     """Run a read on a store connection; once more on a fresh one when the
     connection breaks under it (a read is safe to repeat). Driver errors come
-    out as PgleaseErrors, as from the store's own reads."""
+    out as PgleaseErrors, as from the store's own reads. In pooler mode it runs
+    in a transaction that sets the store's limits first (pipelined with it)."""
     for attempt in (1, 2):
         conn: AConn | None = None
         try:
             async with store.connection() as conn:
-                return await fn(conn)
+                if not bounded or (limits := pooler_limits(store)) is None:
+                    return await fn(conn)
+                async with conn.pipeline(), conn.transaction():
+                    await conn.execute(limits)
+                    return await fn(conn)
         except psycopg.Error as exc:
             broken = conn is not None and conn.broken
             if broken and attempt == 1:
@@ -264,10 +272,12 @@ async def _read_consistent(
 
     async def run(conn: AConn) -> T:
         async with conn.transaction():
-            await conn.execute(q.read_only)
+            await conn.execute(q.read_only)  # first: it must precede any query
+            if (limits := pooler_limits(store)) is not None:
+                await conn.execute(limits)
             return await fn(conn)
 
-    return await _read(store, run)
+    return await _read(store, run, bounded=False)
 
 
 async def _fetch_all(
