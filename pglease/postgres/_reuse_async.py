@@ -9,9 +9,11 @@ psycopg-pool's checkout and return cost about 25 us of client CPU each
 (statistics, conditions, state checks); a lease call makes one per operation,
 and on a small machine that CPU is taken from PostgreSQL. Connections are
 taken from the pool once and then reused from this stack. A connection that
-comes back broken or not idle is handed to the pool, which resets or replaces it;
-so is every connection while a caller waits in the pool for one (all being in
-use), or that caller would wait out its timeout while others kept theirs here.
+comes back broken or not idle is handed to the pool, which resets or replaces it.
+A caller that finds the stack empty asks the pool and leaves a ticket; the next
+connection given back goes to the pool for it (else it could wait out its
+timeout while the others kept theirs here). A caller the pool served at once
+takes its ticket back, so connections do not bounce through the pool for it.
 
 Every connection is checked before use (`alive`): one the server closed while
 it sat idle (pg_terminate_backend, a restart, idle_session_timeout) is dropped
@@ -67,8 +69,8 @@ class AsyncConnectionStack:
     def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
         self._pool = pool
         self._idle: list[psycopg.AsyncConnection[Any]] = []
-        #: Callers waiting in the pool's getconn: while any, connections go back there.
-        self._waiting = 0
+        #: One ticket per caller waiting in the pool's getconn, until it is served.
+        self._tickets: list[object] = []
         # Tasks need no lock: nothing awaits while it is held. Threads do.
         self._lock = nullcontext()  # sync: self._lock = threading.Lock()
 
@@ -81,10 +83,11 @@ class AsyncConnectionStack:
         # Every dead one is dropped, so the stack and the pool run out of them;
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
+            ticket = object()
             with self._lock:
                 kept = self._idle.pop() if self._idle else None
                 if kept is None:
-                    self._waiting += 1
+                    self._tickets.append(ticket)
             if kept is not None:
                 conn = kept
             else:
@@ -92,7 +95,8 @@ class AsyncConnectionStack:
                     conn = await self._pool.getconn()
                 finally:
                     with self._lock:
-                        self._waiting -= 1
+                        if ticket in self._tickets:  # not yet used by a `give_back`
+                            self._tickets.remove(ticket)
             if alive(conn):
                 return conn
             discard(conn)
@@ -113,9 +117,10 @@ class AsyncConnectionStack:
         pgconn = conn.pgconn
         if pgconn.status == _OK and pgconn.transaction_status == _IDLE and not conn.closed:
             with self._lock:
-                if not self._waiting:
+                if not self._tickets:
                     self._idle.append(conn)
                     return
+                self._tickets.pop(0)  # this one goes to the pool for the oldest waiter
         await self._pool.putconn(conn)
 
     async def drain(self) -> None:
