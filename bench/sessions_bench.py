@@ -306,6 +306,23 @@ with PostgresStore(dsn, schema=schema, max_size=2) as store:
         scope = "tree" if op == "export-before" else "branch"
         plan = plan_fork(repo.snapshot(source), source, scope, entry or None)
         SessionRepository(directory, renew_interval=None).write_plan(plan, new_id)
+    elif op == "delete":
+        repo.delete(arg, on_progress=progress)
+    elif op == "delete-before":
+        # the old path: one DELETE, the rows going by ON DELETE CASCADE
+        with store.connection() as conn, conn.transaction():
+            conn.execute(f'DELETE FROM "{schema}".sessions WHERE id = %s', (arg,))
+    elif op in ("file-fork", "file-fork-branch"):
+        directory, source, entry = arg.split("|")
+        scope = "tree" if op == "file-fork" else "branch"
+        files = SessionRepository(directory, renew_interval=None)
+        files.fork(source, scope, entry or None, id=new_id).close()
+    elif op in ("file-fork-before", "file-fork-branch-before"):
+        directory, source, entry = arg.split("|")
+        scope = "tree" if op == "file-fork-before" else "branch"
+        files = SessionRepository(directory, renew_interval=None)
+        plan = plan_fork(files.snapshot(source), source, scope, entry or None)
+        files.create_from_plan(plan, new_id).close()
     seconds = time.perf_counter() - started
 print(json.dumps({"seconds": seconds, "rss_before_mb": before, "rss_peak_mb": rss(),
                   "chunks": len(gaps), "longest_chunk_ms": max(gaps, default=0) * 1000,
@@ -344,9 +361,116 @@ class XactSampler:
         self._thread.join(timeout=30)
 
 
-def run_child(op: str, dsn: str, schema: str, arg: str, new_id: str, chunk: int) -> dict[str, Any]:
-    root = str(Path(__file__).resolve().parent.parent)
-    with XactSampler(dsn) as sampler:
+class StallSampler(XactSampler):
+    """`XactSampler` that also keeps, every 2 ms, what each client transaction
+    with an xid waits on and what the checkpointer and autovacuum do: enough
+    to tell a slow chunk's own work from a stall of the server."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self.samples: list[tuple[Any, ...]] = []
+        self.before: dict[str, Any] = {}
+        self.after: dict[str, Any] = {}
+
+    @staticmethod
+    def counters(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for view in ("pg_stat_checkpointer", "pg_stat_wal"):
+            cur = conn.execute(f"SELECT * FROM {view}")
+            row = cur.fetchone()
+            names = [d.name for d in cur.description or ()]
+            out.update({f"{view}.{n}": v for n, v in zip(names, row or (), strict=False)})
+        return out
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            self.before = self.counters(conn)
+            while not self._stop.wait(0.002):
+                rows = conn.execute(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8, backend_type,"
+                    " pid, extract(epoch FROM xact_start)::float8, wait_event_type, wait_event,"
+                    " backend_xid IS NOT NULL FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+                    " AND ((backend_type = 'client backend' AND xact_start IS NOT NULL)"
+                    " OR backend_type IN ('checkpointer', 'autovacuum worker', 'walwriter'))"
+                ).fetchall()
+                for row in rows:
+                    self.samples.append(row)
+                    if row[1] == "client backend" and row[6]:
+                        self.longest = max(self.longest, row[0] - row[3])
+            self.after = self.counters(conn)
+
+    def report(self, slow_ms: float = 100.0) -> list[str]:
+        """Transactions longer than `slow_ms`, with the waits seen in them."""
+        from collections import Counter
+
+        xacts: dict[tuple[Any, Any], list[Any]] = {}
+        for row in self.samples:
+            if row[1] == "client backend" and row[3] is not None:
+                xacts.setdefault((row[2], row[3]), []).append(row)
+        whole = sorted((rows[-1][0] - start) * 1000 for (_p, start), rows in xacts.items())
+        # from here on: the part of each transaction that holds an xid
+        xacts = {k: [r for r in rows if r[6]] for k, rows in xacts.items()}
+        xacts = {k: rows for k, rows in xacts.items() if rows}
+        durations = sorted(
+            ((rows[-1][0] - rows[0][0]) * 1000, start, rows)
+            for (_pid, start), rows in xacts.items()
+        )
+        lines = [f"transactions seen: {len(whole)}, {len(durations)} with an xid"]
+        if whole:
+            lines.append(
+                f"whole transaction ms: median {statistics.median(whole):.0f},"
+                f" p99 {whole[int(len(whole) * 0.99)]:.0f}, max {whole[-1]:.0f}"
+            )
+        if durations:
+            ms = [d for d, _s, _r in durations]
+            lines.append(
+                f"with the xid, ms: median {statistics.median(ms):.0f}, p99"
+                f" {ms[int(len(ms) * 0.99)]:.0f}, max {ms[-1]:.0f}"
+            )
+        by_start = sorted(durations, key=lambda d: d[1])
+        if len(by_start) >= 8:
+            q = len(by_start) // 4
+            parts = [by_start[i * q : (i + 1) * q] for i in range(4)]
+            lines.append(
+                "median duration by quarter of the run (ms): "
+                + ", ".join(f"{statistics.median(d for d, _s, _r in p):.0f}" for p in parts)
+            )
+        for duration, start, rows in durations:
+            if duration < slow_ms:
+                continue
+            end = rows[-1][0]
+            waits = Counter(f"{r[4]}:{r[5]}" for r in rows)
+            others = Counter(
+                f"{r[1]} {r[4]}:{r[5]}"
+                for r in self.samples
+                if r[1] != "client backend" and start <= r[0] <= end and r[4] is not None
+            )
+            lines.append(
+                f"- {duration:.0f} ms: own waits {dict(waits.most_common(4))};"
+                f" beside it {dict(others.most_common(4))}"
+            )
+        keys = [k for k in self.after if isinstance(self.after[k], int | float)]
+        delta = {
+            k.split(".", 1)[1]: self.after[k] - self.before.get(k, 0)
+            for k in keys
+            if self.after[k] != self.before.get(k)
+        }
+        lines.append(f"counter deltas: {delta}")
+        return lines
+
+
+def run_child(
+    op: str,
+    dsn: str,
+    schema: str,
+    arg: str,
+    new_id: str,
+    chunk: int,
+    diagnose: bool = False,
+    code: Path | None = None,
+) -> dict[str, Any]:
+    root = str(code or Path(__file__).resolve().parent.parent)
+    with StallSampler(dsn) if diagnose else XactSampler(dsn) as sampler:
         out = subprocess.run(
             [sys.executable, "-c", CHILD, root, op, dsn, schema, arg, new_id, str(chunk)],
             capture_output=True,
@@ -358,6 +482,9 @@ def run_child(op: str, dsn: str, schema: str, arg: str, new_id: str, chunk: int)
         raise RuntimeError(f"{op} failed: {out.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     result["longest_xact_ms"] = sampler.longest * 1000
+    if isinstance(sampler, StallSampler):
+        result["diagnosis"] = sampler.report()
+        print(f"{op}:", *sampler.report(), sep="\n  ", flush=True)
     return result
 
 
@@ -418,15 +545,32 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                 out_dir = Path(tmp) / f"out-{size}{mode}"
                 out_dir.mkdir()
                 pg_id = f"pg-{size}{mode}"
-                steps = [
-                    (f"import{mode}", str(path), pg_id, size),
-                    (f"export{mode}", f"{pg_id}|{out_dir}|", "exported", size),
-                    (f"fork-branch{mode}", f"{pg_id}|{out_dir}|{middle}", "branch", size // 2 + 1),
-                ]
+                steps = []
+                if not args.big_no_pg:
+                    steps += [
+                        (f"import{mode}", str(path), pg_id, size),
+                        (f"export{mode}", f"{pg_id}|{out_dir}|", "exported", size),
+                        (f"fork-branch{mode}", f"{pg_id}|{out_dir}|{middle}", "branch", 0),
+                    ]
+                if args.big_files:
+                    # file -> file in the source's directory (SessionRepository.fork)
+                    steps += [
+                        (f"file-fork{mode}", f"{src_dir}|{path.stem}|", f"ff{mode}", 0),
+                        (
+                            f"file-fork-branch{mode}",
+                            f"{src_dir}|{path.stem}|{middle}",
+                            f"ffb{mode}",
+                            0,
+                        ),
+                    ]
                 if args.big_pg_fork:
                     steps.append((f"fork-pg{mode}", pg_id, f"copy-{size}{mode}", size))
+                if args.big_delete and not args.big_no_pg:
+                    steps.append((f"delete{mode}", pg_id, pg_id, 0))
                 if not mode and args.big_fail:
                     steps.append(("import-fail", f"{path}|{size}", f"failed-{size}", 0))
+                if args.big_ops:
+                    steps = [s for s in steps if s[0].startswith(tuple(args.big_ops))]
                 for op, arg, new_id, copied in steps:
                     r = run_child(
                         op,
@@ -435,8 +579,10 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                         arg,
                         new_id,
                         args.import_chunk,
+                        args.big_diagnose and op.startswith(("import", "delete")),
+                        args.big_code,
                     )
-                    if op.startswith(("import", "fork-pg")):
+                    if op.startswith(("import", "fork-pg", "delete")):
                         with psycopg.connect(dsn) as conn:
                             count = conn.execute(
                                 f'SELECT count(*) FROM "{schema}".session_entries'
@@ -445,7 +591,8 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                             ).fetchone()
                         copied = int(count[0]) if count else -1
                     else:
-                        copied = len(read_session_file_entries(out_dir / f"{new_id}.sqlite"))
+                        out = src_dir if op.startswith("file-") else out_dir
+                        copied = len(read_session_file_entries(out / f"{new_id}.sqlite"))
                     if r["purge_s"] is not None:
                         op = f"{op} (then its purge: {r['purge_s']:.2f} s)"
                     rows.append(
@@ -461,6 +608,8 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
                         )
                     )
                     print(rows[-1], flush=True)
+                    if args.big_explain and op == "import":
+                        print(*explain_chunk(dsn, schema, new_id), sep="\n", flush=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     return [
@@ -472,6 +621,59 @@ def big_sessions(args: argparse.Namespace, dsn: str) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
     ]
+
+
+def explain_chunk(dsn: str, schema: str, session_id: str, n: int = 500) -> list[str]:
+    """EXPLAIN (ANALYZE, BUFFERS) of one import chunk's statements against an
+    imported session (`n` new entries after its last seq, one branch), in a
+    transaction that is rolled back: what a late chunk costs once the tables
+    hold the session's rows."""
+    from pglease.sessions.pg_core import Sql
+
+    q = Sql(schema)
+    out: list[str] = []
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            f'SELECT max(seq) FROM "{schema}".session_entries WHERE session_id = %s',
+            (session_id,),
+        ).fetchone()
+        top = int(row[0]) if row and row[0] is not None else 0
+        tip = conn.execute(
+            f'SELECT id FROM "{schema}".session_entries WHERE session_id = %s AND seq = %s',
+            (session_id, top),
+        ).fetchone()
+        parent = tip[0] if tip else None
+
+        def explain(label: str, query: bytes, params: tuple[Any, ...]) -> None:
+            plan = conn.execute(b"EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) " + query, params)
+            text = [r[0] for r in plan.fetchall()]
+            total = next((t for t in text if t.startswith("Execution Time")), "?")
+            buffers = next((t.strip() for t in text if "Buffers:" in t), "")
+            out.append(f"- {label}: {total}; {buffers}; {text[0].strip()}")
+
+        explain("known_entries (1 parent)", q.known_entries, (session_id, [parent]))
+        explain("segments_by_tips (1 tip)", q.segments_by_tips, (session_id, [parent]))
+        started = time.perf_counter()
+        for i in range(n):
+            new_id = f"x{i}"
+            params = (session_id, new_id, parent, top + 1 + i, "message", None, 1, '{"m":1}')
+            if i in (0, n - 1):
+                explain(f"insert_entry #{i + 1}", q.insert_entry, params)
+                explain(
+                    f"insert_branch_row #{i + 1}",
+                    q.insert_branch_row,
+                    (session_id, "b", new_id, top + 1 + i, "message"),
+                )
+            else:
+                conn.execute(q.insert_entry, params)
+                conn.execute(q.insert_branch_row, (session_id, "b", new_id, top + 1 + i, "message"))
+            parent = new_id
+        out.append(
+            f"- {n} entries + branch rows, one statement each: "
+            f"{(time.perf_counter() - started) * 1000:.0f} ms (rolled back)"
+        )
+        conn.rollback()
+    return out
 
 
 def read_session_file_entries(path: Path) -> list[Any]:
@@ -503,6 +705,34 @@ def main() -> None:
     parser.add_argument("--big-only", action="store_true")
     parser.add_argument("--big-fail", action="store_true", help="also an import that fails")
     parser.add_argument("--big-pg-fork", action="store_true", help="also a tree fork in PostgreSQL")
+    parser.add_argument(
+        "--big-files", action="store_true", help="also file-to-file forks (tree and branch)"
+    )
+    parser.add_argument(
+        "--big-ops",
+        type=lambda s: s.split(","),
+        default=[],
+        help="only the big-session steps whose names start with one of these",
+    )
+    parser.add_argument(
+        "--big-code",
+        type=Path,
+        help="run the steps with the pglease of another checkout (a before/after pair)",
+    )
+    parser.add_argument(
+        "--big-explain", action="store_true", help="EXPLAIN a chunk's statements after imports"
+    )
+    parser.add_argument(
+        "--big-delete", action="store_true", help="also delete the imported session"
+    )
+    parser.add_argument(
+        "--big-diagnose",
+        action="store_true",
+        help="sample waits, checkpoints and WAL during imports and deletes",
+    )
+    parser.add_argument(
+        "--big-no-pg", action="store_true", help="skip the import, export and branch export"
+    )
     parser.add_argument(
         "--big-before", type=int, default=0, help="also the old path, up to this size"
     )

@@ -59,6 +59,8 @@ class Check:
     verdict: Verdict
     detail: str
     advice: str = ""
+    #: Machine-readable particulars (in --json only when there are any).
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,9 @@ class Report:
             "schema": self.schema,
             "worst": self.worst,
             "exit_code": self.exit_code,
-            "checks": [asdict(c) for c in self.checks],
+            "checks": [
+                {k: v for k, v in asdict(c).items() if k != "facts" or v} for c in self.checks
+            ],
         }
 
 
@@ -561,21 +565,27 @@ def check_test_clock(conn: Conn, schema: str) -> list[Check]:
 
 
 def check_holdback(conn: Conn, schema: str) -> list[Check]:
-    """The oldest transaction with an xid: watchers read only below it.
+    """The oldest transaction holding an xid: watchers read only below it.
 
     Watchers read the log below `pg_snapshot_xmin`, the oldest running xid of
     the whole cluster, so any long transaction that wrote something (in any
-    database), or a forgotten prepared transaction, delays every watcher.
+    database, pglease's or not), or a forgotten prepared transaction, delays
+    every watcher by as long as it stays open. The one named is the one with
+    the oldest xid (it is what holds the frontier), not the one that began
+    first: a transaction that only read for a while before writing began
+    earlier but holds nothing back until it writes.
     """
     row = conn.execute(
         "SELECT pid, extract(epoch FROM clock_timestamp() - xact_start), datname,"
-        " application_name, state FROM pg_catalog.pg_stat_activity"
+        " application_name, state, query_start, xact_start, backend_xid::text"
+        " FROM pg_catalog.pg_stat_activity"
         " WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()"
-        " ORDER BY xact_start LIMIT 1"
+        " ORDER BY age(backend_xid) DESC, xact_start LIMIT 1"
     ).fetchone()
     prepared = conn.execute(
-        "SELECT gid, extract(epoch FROM clock_timestamp() - prepared), database"
-        " FROM pg_catalog.pg_prepared_xacts ORDER BY prepared LIMIT 1"
+        "SELECT gid, extract(epoch FROM clock_timestamp() - prepared), database,"
+        " transaction::text FROM pg_catalog.pg_prepared_xacts ORDER BY age(transaction) DESC"
+        " LIMIT 1"
     ).fetchone()
     hidden = "" if _can_see_all_sessions(conn) else " (only this role's sessions are visible)"
     out: list[Check] = []
@@ -588,19 +598,36 @@ def check_holdback(conn: Conn, schema: str) -> list[Check]:
                 f" {float(prepared[1]):.1f} s old: watchers deliver nothing committed after"
                 " it began until it is resolved",
                 "COMMIT PREPARED or ROLLBACK PREPARED it",
+                {
+                    "gid": prepared[0],
+                    "database": prepared[2],
+                    "age_seconds": round(float(prepared[1]), 3),
+                    "xid": prepared[3],
+                },
             )
         )
     if row is not None and row[1] is not None and float(row[1]) > HOLDBACK_WARN_SECONDS:
-        pid, age, db, app, state = row
+        pid, age, db, app, state, query_start, xact_start, xid = row
+        since = query_start.isoformat() if query_start is not None else "unknown"
         out.append(
             Check(
                 "watch_holdback",
                 "warn",
-                f"pid {pid} ({app or 'no application_name'}, database {db}, {state}) has held"
-                f" a transaction id for {float(age):.3f} s: watchers deliver events only up"
-                f" to the oldest running transaction{hidden}",
+                f"pid {pid} ({app or 'no application_name'}, database {db}, {state}, query"
+                f" started {since}) has held transaction id {xid} for {float(age):.3f} s:"
+                f" watchers deliver events only up to the oldest running transaction{hidden}",
                 "keep writing transactions short; idle_in_transaction_session_timeout ends"
                 f" stalled ones; SELECT pg_terminate_backend({pid}) if it is stuck",
+                {
+                    "pid": pid,
+                    "application_name": app,
+                    "database": db,
+                    "state": state,
+                    "age_seconds": round(float(age), 3),
+                    "xact_start": xact_start.isoformat() if xact_start is not None else None,
+                    "query_start": query_start.isoformat() if query_start is not None else None,
+                    "xid": xid,
+                },
             )
         )
     if not out:

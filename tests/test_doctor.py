@@ -99,6 +99,57 @@ def test_a_transaction_holding_watchers_back_is_named(
     assert any(c.verdict == "warn" and f"pid {pid} " in c.detail for c in checks), checks
 
 
+def test_the_holdback_names_the_oldest_xid_not_the_oldest_transaction(
+    pg_dsn: str, conn: psycopg.Connection[Any], migrated: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `early` begins first but only reads; `writer` takes an xid; then `early`
+    # writes too. The frontier is `writer`'s xid, so `writer` is the one named.
+    with (
+        psycopg.connect(pg_dsn, application_name="doctor-early") as early,
+        psycopg.connect(pg_dsn, application_name="doctor-writer") as writer,
+    ):
+        pid = writer.info.backend_pid
+        early.execute("SELECT 1")  # transaction open, no xid yet
+        time.sleep(0.05)
+        [(writer_xid,)] = writer.execute("SELECT pg_current_xact_id()::text").fetchall()
+        early.execute("SELECT pg_current_xact_id()")
+        time.sleep(0.2)  # past the 100 ms threshold, by the server's clock
+        report = doctor(conn, migrated)
+        code = main_args(["--dsn", pg_dsn, "--schema", migrated, "doctor", "--json"])
+        early.rollback()
+        writer.rollback()
+    [check] = [c for c in report.checks if c.name == "watch_holdback"]
+    assert check.verdict == "warn"
+    assert f"pid {pid} (doctor-writer," in check.detail
+    assert f"transaction id {writer_xid} " in check.detail and "query started" in check.detail
+    facts = check.facts
+    assert facts["pid"] == pid
+    assert facts["application_name"] == "doctor-writer"
+    assert facts["state"] == "idle in transaction"
+    assert facts["xid"] == writer_xid and facts["age_seconds"] >= 0.2
+    assert facts["query_start"] is not None and facts["xact_start"] <= facts["query_start"]
+    # --json carries the same particulars.
+    out = json.loads(capsys.readouterr().out)
+    assert code == out["exit_code"] >= 1
+    [held] = [c for c in out["checks"] if c["name"] == "watch_holdback"]
+    assert held["verdict"] == "warn"
+    assert held["facts"]["pid"] == pid
+    assert held["facts"]["application_name"] == "doctor-writer"
+    # Once it ends, nothing holds watchers back.
+    assert doctor(conn, migrated).by_name("watch_holdback").verdict == "ok"
+
+
+def test_a_reading_transaction_does_not_hold_watchers_back(
+    pg_dsn: str, conn: psycopg.Connection[Any], migrated: str
+) -> None:
+    with psycopg.connect(pg_dsn) as reader:
+        reader.execute("SELECT count(*) FROM pg_catalog.pg_class")  # no xid
+        time.sleep(0.2)
+        check = doctor(conn, migrated).by_name("watch_holdback")
+        reader.rollback()
+    assert check.verdict == "ok" and check.facts == {}
+
+
 @pytest.fixture
 def role(conn: psycopg.Connection[Any]) -> Iterator[str]:
     name = f"doc_{uuid.uuid4().hex[:10]}"
@@ -145,7 +196,8 @@ def test_cli_json_and_exit_codes(
     assert code == out["exit_code"] == 1  # warnings: superuser, no standby, ...
     names = {c["name"] for c in out["checks"]}
     assert {"server_version", "migrations", "role", "pooler", "watch_holdback"} <= names
-    assert all(set(c) == {"name", "verdict", "detail", "advice"} for c in out["checks"])
+    # `facts` appears only where a check has particulars (a holdback, say).
+    assert all(set(c) - {"facts"} == {"name", "verdict", "detail", "advice"} for c in out["checks"])
 
     code = main_args(["--dsn", pg_dsn, "--schema", "t_never_made", "doctor"])
     text = capsys.readouterr().out

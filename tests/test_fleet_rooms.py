@@ -99,7 +99,10 @@ def test_waiters_share_one_subscription_and_a_release_wakes_one(pg_store: Postgr
     threads = [threading.Thread(target=wait, args=(n,), daemon=True) for n in range(6)]
     for t in threads:
         t.start()
-    rooms = [r for k, r in _sync_rooms.items() if k[3] == rid]
+    # The threads make the room as they reach acquire: on a busy machine that is
+    # after start() returns.
+    _eventually(lambda: any(k[3] == rid for k in list(_sync_rooms)))
+    rooms = [r for k, r in list(_sync_rooms.items()) if k[3] == rid]
     assert len(rooms) == 1
     room = rooms[0]
     _eventually(lambda: len(room.core.members) == 6 and room.ready.is_set())

@@ -109,12 +109,16 @@ def test_prune_deletes_only_unreferenced_payloads(
 def test_prune_collects_payloads_left_by_earlier_prunes(
     pg_store: PostgresStore, pg_dsn: str, schema: str
 ) -> None:
-    # prune_events before 0007 deleted events but left their payloads: such
-    # orphans are collected even when no event is old enough to go now.
+    # prune_events before 0007 deleted events but left their payloads; 0014
+    # queues such orphans once, and they are collected even when no event is
+    # old enough to go now (tests/test_prune_chunks.py replays 0014 itself).
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(
             f'INSERT INTO "{schema}".payloads (sha256, body) VALUES (%s, %s)',
             [sha({"orphan": 1}), body({"orphan": 1})],
+        )
+        conn.execute(
+            f'INSERT INTO "{schema}".payload_gc_queue (sha256) VALUES (%s)', [sha({"orphan": 1})]
         )
     result = prune(pg_store, DAY)
     assert (result.events, result.payloads) == (0, 1)

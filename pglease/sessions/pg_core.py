@@ -100,7 +100,6 @@ class Sql:
             " VALUES (%s, %s, coalesce(%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),"
             " %s, %s, NULL, %s, %s, %s) ON CONFLICT DO NOTHING"
         )
-        self.delete_session = q("DELETE FROM {s}.sessions WHERE id = %s AND import_token IS NULL")
         self.session_exists = q(
             "SELECT storage_version FROM {s}.sessions WHERE id = %s AND import_token IS NULL"
         )
@@ -108,6 +107,20 @@ class Sql:
         self.insert_entry = q(
             f"INSERT INTO {{s}}.session_entries (session_id, {entry_cols})"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+        )
+        # Import chunks insert their rows in one statement each, from arrays:
+        # the server, not the client, then does the per-row work (with 500
+        # entries per chunk, 1,500 statements through executemany kept the
+        # transaction waiting on the client for most of its time).
+        self.insert_entries_bulk = q(
+            f"INSERT INTO {{s}}.session_entries (session_id, {entry_cols})"
+            " SELECT %s, u.* FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[],"
+            " %s::text[], %s::bigint[], %s::text[]) AS u"
+        )
+        self.insert_branch_rows_bulk = q(
+            "INSERT INTO {s}.session_branch_entries"
+            " (session_id, branch_id, entry_id, entry_seq, entry_type)"
+            " SELECT %s, u.* FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[]) AS u"
         )
         self.get_entry = q(
             f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND id = %s"
@@ -286,6 +299,13 @@ class Sql:
                 "session_entries",
             )
         ]
+        # A chunked delete hides the session the way an import is hidden (a
+        # token of its own) inside its fenced `session.deleted` mutation, then
+        # removes the rows like a failed import's purge.
+        self.hide_session = q(
+            "UPDATE {s}.sessions SET import_token = %s, import_touched_at = clock_timestamp()"
+            " WHERE id = %s AND import_token IS NULL RETURNING 1"
+        )
         self.drop_import = q("DELETE FROM {s}.sessions WHERE id = %s AND import_token = %s")
         self.finish_import = q(
             "UPDATE {s}.sessions SET import_token = NULL, import_touched_at = NULL,"
@@ -880,7 +900,8 @@ IMPORT_CHUNK = 500
 #: Seconds the end of an import waits for the new session's lease (held only
 #: by a create() of the same id racing it, and only for a moment).
 IMPORT_CLAIM_WAIT = 10.0
-#: Rows deleted per transaction when a partial import is removed.
+#: Rows deleted per transaction when a partial import or a deleted session is
+#: removed (5,000 rows: 10-20 ms a transaction, bench/RESULTS-sessions.md).
 PURGE_CHUNK = 5000
 #: A hidden partial import whose last chunk is older than this (seconds, by
 #: the database clock) is taken to be abandoned.
@@ -890,8 +911,9 @@ IMPORT_STALE_AFTER = 120.0
 def stale_import_problem(session_id: str, age: float) -> SessionError:
     """How `list()` reports the hidden partial of an interrupted import."""
     return SessionError(
-        f"session {session_id}: an interrupted import left a hidden partial (no progress for"
-        f" {age:.0f} s); the next import of this id or cleanup_imports() removes it"
+        f"session {session_id}: an interrupted import or delete left a hidden partial (no"
+        f" progress for {age:.0f} s); the next import of this id or cleanup_imports()"
+        " removes it"
     )
 
 
@@ -907,8 +929,14 @@ class ChunkBuilder:
     entries of earlier chunks) through the branch index, the import token
     checked and its progress time moved.
 
-    1. `lookups()`: the touch (token check) and parents from earlier chunks;
-    2. `start(results)`; 3. `step(i)` per entry; 4. `batches()`.
+    1. `lookups()`: parents from earlier chunks (plain reads: no xid yet);
+    2. `start(results)`; 3. `step(i)` per entry; 4. `batches()`, sent after
+    the touch (token check), whose empty result rolls the chunk back.
+
+    The touch is the chunk's first write: it takes the transaction's xid, so
+    the client's work on the branch index (steps 2-3, most of a chunk on a
+    busy host) happens before the xid and holds back no one's snapshot xmin
+    (bench/RESULTS-sessions.md, run 6).
     """
 
     def __init__(
@@ -925,15 +953,21 @@ class ChunkBuilder:
 
     def lookups(self) -> dict[str, tuple[bytes, Row]]:
         sid = self.session_id
-        reads: dict[str, tuple[bytes, Row]] = {"touch": (self.q.touch_import, (sid, self.token))}
+        reads: dict[str, tuple[bytes, Row]] = {}
         if self.parents:
             reads["known"] = (self.q.known_entries, (sid, self.parents))
             reads["tips"] = (self.q.segments_by_tips, (sid, self.parents))
         return reads
 
-    def start(self, results: dict[str, list[Row]]) -> None:
-        if not results["touch"]:
+    def touch(self) -> tuple[bytes, Row]:
+        """The token check, sent first with the writes."""
+        return self.q.touch_import, (self.session_id, self.token)
+
+    def touched(self, rows: list[Row]) -> None:
+        if not rows:
             raise import_gone(self.session_id)
+
+    def start(self, results: dict[str, list[Row]]) -> None:
         self.seqs = {r[0]: int(r[1]) for r in results.get("known", [])}
         for row in results.get("tips", []):
             self.index.remember(segment_from_row(row))
@@ -949,11 +983,24 @@ class ChunkBuilder:
         self.seqs[entry.id] = entry.seq
 
     def batches(self) -> list[Batch]:
-        out = self.index.pending()
+        sid = self.session_id
+        out = [
+            (self.q.insert_branch_rows_bulk, [_columns(sid, rows, 1)])
+            if query == self.q.insert_branch_row and len(rows) > 1
+            else (query, rows)
+            for query, rows in self.index.pending()
+        ]
         if self.entries:
-            sid = self.session_id
-            out.append((self.q.insert_entry, [entry_params(sid, e) for e in self.entries]))
+            params = [entry_params(sid, e) for e in self.entries]
+            out.append((self.q.insert_entries_bulk, [_columns(sid, params, 1)]))
         return out
+
+
+def _columns(session_id: str, rows: Sequence[Row], skip: int) -> Row:
+    """Rows as one parameter tuple: the session id, then one list per column
+    (after the first `skip` columns, the session id's)."""
+    width = len(rows[0])
+    return (session_id, *([row[i] for row in rows] for i in range(skip, width)))
 
 
 def register_batches(q: Sql, session_id: str, registers: Sequence[Register]) -> list[Batch]:
@@ -971,6 +1018,58 @@ def chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
     for item in items:
         batch.append(item)
         if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def delete_interrupted(session_id: str, exc: PgleaseError) -> SessionError:
+    """A chunked delete that stopped after hiding the session."""
+    return SessionError(
+        f"session {session_id} is deleted (hidden at once) but removing its rows stopped:"
+        f" {exc}; the hidden remainder is removed by cleanup_imports() once stale, or by"
+        " the next import of this id"
+    )
+
+
+#: Seconds a chunk transaction of an import or a purge aims at: the chunk size
+#: adapts to the time the previous chunk took (`ChunkSizer`).
+CHUNK_TARGET = 0.05
+#: A chunk never shrinks below this many entries or rows (nor below its limit,
+#: if smaller): a 100-row transaction is short whatever the server does.
+CHUNK_FLOOR = 100
+
+
+class ChunkSizer:
+    """Entries or rows per chunk transaction, adapted so a transaction stays
+    near `target` seconds: after a chunk that took longer, the size shrinks in
+    proportion; after one under half the target, it doubles; always between
+    `min(limit, CHUNK_FLOOR)` and `limit`. Late chunks of a big import or
+    purge cost more (deeper indexes, dead index entries to step over,
+    checkpoints), so a fixed size either wastes the early ones or lets the
+    late ones run long (bench/RESULTS-sessions.md, run 6)."""
+
+    def __init__(self, limit: int, target: float = CHUNK_TARGET) -> None:
+        self.limit = limit
+        self.floor = min(limit, CHUNK_FLOOR)
+        self.target = target
+        self.size = limit
+
+    def record(self, seconds: float) -> None:
+        """The previous chunk of `size` took `seconds`."""
+        if seconds > self.target:
+            self.size = max(self.floor, int(self.size * self.target / seconds))
+        elif seconds < self.target / 2:
+            self.size = min(self.limit, self.size * 2)
+
+
+def sized_chunks(items: Iterable[Item], sizer: ChunkSizer) -> Iterator[list[Item]]:
+    """`items` in lists of the sizer's current size (the last one shorter), read lazily."""
+    batch: list[Item] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= sizer.size:
             yield batch
             batch = []
     if batch:

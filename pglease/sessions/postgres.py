@@ -93,6 +93,7 @@ from .pg_core import (
     RESOURCE_TYPE,
     Batch,
     ChunkBuilder,
+    ChunkSizer,
     CommitBuilder,
     IndexCore,
     PlanBuilder,
@@ -105,6 +106,7 @@ from .pg_core import (
     check_stale_after,
     check_version,
     chunks,
+    delete_interrupted,
     driver_error,
     entry_from_row,
     first_page_for,
@@ -114,6 +116,7 @@ from .pg_core import (
     pooler_limits,
     register_batches,
     register_from_row,
+    sized_chunks,
     stale_import_problem,
     translate_unique,
 )
@@ -205,18 +208,29 @@ def write_plan_rows(
 
 def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> None:
     """One import chunk, in the caller's transaction: lookups in one round trip,
-    the branch index, then every write in one more."""
+    the branch index, then the token check and every write in one more (the
+    check first: the xid is taken only then, see `ChunkBuilder`)."""
     build = ChunkBuilder(q, session_id, token, entries, PgBranchIndex(conn, q, session_id))
+    lookups = build.lookups()
+    results: dict[str, list[Row]] = {}
+    if lookups:
+        with conn.pipeline():
+            cursors = {name: conn.execute(*read) for name, read in lookups.items()}
+            results = {name: cur.fetchall() for name, cur in cursors.items()}
+    try:
+        build.start(results)
+        for i in range(len(entries)):
+            build.step(i)
+    except PgleaseError:
+        # A parent missing may mean a cleanup took the import over and purged
+        # it: say that rather than blame the source.
+        build.touched(conn.execute(*build.touch()).fetchall())
+        raise
     with conn.pipeline():
-        cursors = {
-            name: conn.execute(query, params) for name, (query, params) in build.lookups().items()
-        }
-        results = {name: cur.fetchall() for name, cur in cursors.items()}
-    build.start(results)
-    for i in range(len(entries)):
-        build.step(i)
-    with conn.pipeline():
+        touch = conn.execute(*build.touch())
         send(conn, build.batches())
+        rows = touch.fetchall()
+    build.touched(rows)
 
 
 def _write_registers(
@@ -1047,24 +1061,40 @@ class PostgresSessionRepository:
             )
         raise SessionExistsError(f"session {session_id} already exists")
 
-    def _purge_import(self, session_id: str, token: str) -> bool:
-        """Delete a hidden import's rows in short transactions, each checking the
-        token (a purge never touches a session that became visible)."""
+    def _purge_import(
+        self,
+        session_id: str,
+        token: str,
+        size: int = PURGE_CHUNK,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> bool:
+        """Delete a hidden import's (or deleted session's) rows in short
+        transactions of up to `size` rows (fewer while they run past
+        `CHUNK_TARGET`), each checking the token (a purge never
+        touches a session that became visible); `on_progress(rows_removed)`
+        after each. False when another cleanup took the partial over."""
 
         def purge_some(conn: Conn) -> int:
             if not conn.execute(self._q.touch_import, (session_id, token)).fetchall():
                 return -1
             for query in self._q.purge_rows:
-                deleted = conn.execute(query, (session_id, PURGE_CHUNK)).rowcount
+                deleted = conn.execute(query, (session_id, sizer.size)).rowcount
                 if deleted:
                     return deleted
             conn.execute(self._q.drop_import, (session_id, token))  # the row is locked: ours
             return 0
 
+        removed = 0
+        sizer = ChunkSizer(size)
         while True:
+            began = time.monotonic()
             done = self._in_transaction(purge_some)
+            sizer.record(time.monotonic() - began)
             if done <= 0:
                 return done == 0
+            removed += done
+            if on_progress is not None:
+                on_progress(removed)
 
     def _take_and_purge(self, session_id: str, stale_after: float) -> bool:
         """Take over a stale partial import (a new token) and remove it."""
@@ -1113,12 +1143,15 @@ class PostgresSessionRepository:
         self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
-            for part in chunks(stream.entries, size):
+            sizer = ChunkSizer(size)
+            for part in sized_chunks(stream.entries, sizer):
+                began = time.monotonic()
                 self._in_transaction(
                     functools.partial(
                         _write_chunk, q=q, session_id=session_id, token=token, entries=part
                     )
                 )
+                sizer.record(time.monotonic() - began)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)
@@ -1230,24 +1263,43 @@ class PostgresSessionRepository:
             raise SessionNotFoundError(f"session {session_id} does not exist")
         return listing.sessions[0]
 
-    def delete(self, session_id: str) -> None:
+    def delete(
+        self,
+        session_id: str,
+        *,
+        chunk_rows: int | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> None:
         """Delete a session and all its rows. Refused while a writer lease is live
-        (checked in the deleting transaction itself)."""
+        (checked in the fenced transaction that hides the session).
+
+        Chunked, so no transaction grows with the session: that transaction
+        (with the `session.deleted` event) hides the session at once, as an
+        import's token does; its rows then go in transactions of at most
+        `chunk_rows` rows (default 5,000; fewer while a chunk runs past
+        `CHUNK_TARGET`). `on_progress(rows_removed)` runs after each. A
+        delete that stops midway (killed, connection lost) leaves a hidden
+        remainder, reported by `list()` once stale and removed by
+        `cleanup_imports()` or the next import of the id."""
         check_session_id(session_id)
+        size = check_chunk_size(PURGE_CHUNK if chunk_rows is None else chunk_rows, "chunk_rows")
         if not self.exists(session_id):
             raise SessionNotFoundError(f"session {session_id} does not exist")
         rid = resource_id(RESOURCE_TYPE, session_id)
+        token = uuid7()
 
-        def apply(conn: Conn) -> None:
-            conn.execute(self._q.delete_session, (session_id,))
+        def hide(conn: Conn) -> None:
+            cur = conn.execute(self._q.hide_session, (token, session_id))
+            if not cur.fetchall():
+                raise SessionNotFoundError(f"session {session_id} does not exist")
 
         for attempt in (1, 2, 3):
-            revision = self.store.get(rid).revision
+            revision = (self.store.get(rid)).revision
             try:
                 self.store.mutate(
-                    Permit(rid, revision), "session.deleted", apply, {"session": session_id}
+                    Permit(rid, revision), "session.deleted", hide, {"session": session_id}
                 )
-                return
+                break
             except ResourceLeasedError as exc:
                 raise SessionBusyError(f"session {session_id} is leased: {exc}") from None
             except StaleResourceError:
@@ -1256,6 +1308,10 @@ class PostgresSessionRepository:
             except psycopg.Error as exc:
                 error = _mutation_error(self.store, exc)
                 raise error from cause_of(error, exc)
+        try:
+            self._purge_import(session_id, token, size, on_progress)
+        except PgleaseError as exc:
+            raise delete_interrupted(session_id, exc) from exc
 
 
 __all__ = [

@@ -86,10 +86,12 @@ from .pg_core import (
     RESOURCE_TYPE,
     Batch,
     ChunkBuilder,
+    ChunkSizer,
     CommitBuilder,
     Miss,
     PlanBuilder,
     ReplayIndex,
+    Row,
     SeqMoved,
     Sql,
     cause_of,
@@ -98,6 +100,7 @@ from .pg_core import (
     check_stale_after,
     check_version,
     chunks,
+    delete_interrupted,
     driver_error,
     entry_from_row,
     first_page_for,
@@ -107,6 +110,7 @@ from .pg_core import (
     pooler_limits,
     register_batches,
     register_from_row,
+    sized_chunks,
     stale_import_problem,
     translate_unique,
     usage_from_row,
@@ -193,17 +197,25 @@ async def _write_chunk(
     """Asyncio twin of `postgres._write_chunk`."""
     index = ReplayIndex(q, session_id)
     build = ChunkBuilder(q, session_id, token, entries, index)
+    lookups = build.lookups()
+    results: dict[str, list[Row]] = {}
+    if lookups:
+        async with conn.pipeline():
+            cursors = {name: await conn.execute(*read) for name, read in lookups.items()}
+            results = {name: await cur.fetchall() for name, cur in cursors.items()}
+    try:
+        build.start(results)
+        for i in range(len(entries)):
+            await _replay(conn, index, functools.partial(build.step, i))
+    except PgleaseError:
+        # A missing parent may mean a cleanup took the import over: say so.
+        build.touched(await (await conn.execute(*build.touch())).fetchall())
+        raise
     async with conn.pipeline():
-        cursors = {
-            name: await conn.execute(query, params)
-            for name, (query, params) in build.lookups().items()
-        }
-        results = {name: await cur.fetchall() for name, cur in cursors.items()}
-    build.start(results)
-    for i in range(len(entries)):
-        await _replay(conn, index, functools.partial(build.step, i))
-    async with conn.pipeline():
+        touch = await conn.execute(*build.touch())
         await _send(conn, build.batches())
+        rows = await touch.fetchall()
+    build.touched(rows)
 
 
 async def _write_registers(
@@ -1047,22 +1059,35 @@ class AsyncPostgresSessionRepository:
             )
         raise SessionExistsError(f"session {session_id} already exists")
 
-    async def _purge_import(self, session_id: str, token: str) -> bool:
+    async def _purge_import(
+        self,
+        session_id: str,
+        token: str,
+        size: int = PURGE_CHUNK,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> bool:
         async def purge_some(conn: AConn) -> int:
             touched = await conn.execute(self._q.touch_import, (session_id, token))
             if not await touched.fetchall():
                 return -1
             for query in self._q.purge_rows:
-                deleted = (await conn.execute(query, (session_id, PURGE_CHUNK))).rowcount
+                deleted = (await conn.execute(query, (session_id, sizer.size))).rowcount
                 if deleted:
                     return deleted
             await conn.execute(self._q.drop_import, (session_id, token))
             return 0
 
+        removed = 0
+        sizer = ChunkSizer(size)
         while True:
+            began = time.monotonic()
             done = await self._in_transaction(purge_some)
+            sizer.record(time.monotonic() - began)
             if done <= 0:
                 return done == 0
+            removed += done
+            if on_progress is not None:
+                on_progress(removed)
 
     async def _take_and_purge(self, session_id: str, stale_after: float) -> bool:
         token = uuid7()
@@ -1111,13 +1136,16 @@ class AsyncPostgresSessionRepository:
         await self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
-            parts = chunks(stream.entries, size)
+            sizer = ChunkSizer(size)
+            parts = sized_chunks(stream.entries, sizer)
             while (part := await asyncio.to_thread(next, parts, None)) is not None:
+                began = time.monotonic()
                 await self._in_transaction(
                     functools.partial(
                         _write_chunk, q=q, session_id=session_id, token=token, entries=part
                     )
                 )
+                sizer.record(time.monotonic() - began)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)
@@ -1222,22 +1250,33 @@ class AsyncPostgresSessionRepository:
             raise SessionNotFoundError(f"session {session_id} does not exist")
         return listing.sessions[0]
 
-    async def delete(self, session_id: str) -> None:
-        """Delete a session; refused while a writer lease is live."""
+    async def delete(
+        self,
+        session_id: str,
+        *,
+        chunk_rows: int | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> None:
+        """Delete a session, its rows in short transactions (see the sync twin)."""
+        check_session_id(session_id)
+        size = check_chunk_size(PURGE_CHUNK if chunk_rows is None else chunk_rows, "chunk_rows")
         if not await self.exists(session_id):
             raise SessionNotFoundError(f"session {session_id} does not exist")
         rid = resource_id(RESOURCE_TYPE, session_id)
+        token = uuid7()
 
-        async def apply(conn: AConn) -> None:
-            await conn.execute(self._q.delete_session, (session_id,))
+        async def hide(conn: AConn) -> None:
+            cur = await conn.execute(self._q.hide_session, (token, session_id))
+            if not await cur.fetchall():
+                raise SessionNotFoundError(f"session {session_id} does not exist")
 
         for attempt in (1, 2, 3):
             revision = (await self.store.get(rid)).revision
             try:
                 await self.store.mutate(
-                    Permit(rid, revision), "session.deleted", apply, {"session": session_id}
+                    Permit(rid, revision), "session.deleted", hide, {"session": session_id}
                 )
-                return
+                break
             except ResourceLeasedError as exc:
                 raise SessionBusyError(f"session {session_id} is leased: {exc}") from None
             except StaleResourceError:
@@ -1246,6 +1285,10 @@ class AsyncPostgresSessionRepository:
             except psycopg.Error as exc:
                 error = _mutation_error(self.store, exc)
                 raise error from cause_of(error, exc)
+        try:
+            await self._purge_import(session_id, token, size, on_progress)
+        except PgleaseError as exc:
+            raise delete_interrupted(session_id, exc) from exc
 
 
 __all__ = ["AsyncPostgresSession", "AsyncPostgresSessionRepository", "write_plan_rows_async"]

@@ -12,7 +12,7 @@ import secrets
 import sqlite3
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,9 +28,16 @@ from .errors import (
     SessionNotFoundError,
     SessionTempFileError,
 )
-from .fork import ForkPlan, ForkPosition, ForkScope, ForkStream, plan_fork
+from .fork import (
+    ForkPlan,
+    ForkPosition,
+    ForkScope,
+    ForkStream,
+    checked_path,
+    resolve_fork,
+)
 from .ids import uuid7
-from .model import SessionInfo, SessionSnapshot, load_json
+from .model import Entry, SessionInfo, SessionSnapshot, load_json
 from .schema import EMPTY_USAGE_JSON, IDLE_LANE_STATE_JSON, MAIN_LANE, SCHEMA_SQL, STORAGE_VERSION
 from .sqlite_file import (
     BUSY_TIMEOUT,
@@ -38,6 +45,7 @@ from .sqlite_file import (
     SqliteSession,
     claim_lease,
     connect,
+    file_fork_source,
     insert_entry,
     mapped,
     read_lease,
@@ -467,15 +475,43 @@ class SessionRepository:
         position: ForkPosition = "at",
         id: str | None = None,
     ) -> SqliteSession:
-        """Copy (part of) a session into a new one and open it. The source is read
-        in one snapshot without touching its lease."""
+        """Copy (part of) a session into a new one and open it.
+
+        Streamed: the source is read in one read transaction of its file (its
+        lease untouched), `STREAM_FETCH` entries at a time, and written into
+        the new file as it is read, so memory does not grow with the source; a
+        branch fork reads only the branch. A failure leaves no new file."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
         if self.path_for(new_id).exists():
             raise SessionExistsError(f"session {new_id} already exists")
-        snapshot = self.snapshot(source_id)
-        plan = plan_fork(snapshot, source_id, scope, entry_id, position)
-        return self.create_from_plan(plan, new_id)
+        source_path = self.path_for(source_id)
+        if not source_path.exists():
+            raise SessionNotFoundError(f"session {source_id} does not exist ({source_path})")
+        owner_id = uuid7()
+        with file_fork_source(source_path, self.busy_timeout) as source:
+            shape = resolve_fork(source.registers, source.lookup, scope, entry_id, position)
+            entries: Iterable[Entry]
+            if shape.scope == "tree":
+                # In (seq, id) order as the snapshot path read them; a child not
+                # after its parent is refused by the branch index as it was there.
+                entries = source.entries()
+            elif shape.tip is None:
+                entries = ()
+            else:
+                entries = checked_path(source.path_entries(shape.tip), shape.tip)
+            stream = ForkStream(entries, shape.lanes, source.registers, source_id, shape.scope)
+
+            def build(conn: sqlite3.Connection) -> None:
+                messages, next_seq = write_stream_rows(conn, stream)
+                self._write_session_row(conn, source_id, messages, next_seq)
+                claim_lease(conn, new_id, owner_id, self.now_ms(), self._lease_ms)
+
+            try:
+                self._materialise(new_id, build)
+            finally:
+                stream.close()
+        return self._adopt(new_id, owner_id)
 
     def snapshot(self, session_id: str) -> SessionSnapshot:
         """Entries and registers of a session in one consistent read, without

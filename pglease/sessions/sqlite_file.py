@@ -818,6 +818,16 @@ class SqliteSession(ConvenienceWrites):
 STREAM_FETCH = 1000
 
 
+_PATH_SQL = (
+    "WITH RECURSIVE path (id, parent_id, seq) AS ("
+    " SELECT id, parent_id, seq FROM entries WHERE id = ?"
+    " UNION ALL SELECT e.id, e.parent_id, e.seq FROM path AS p"
+    " JOIN entries AS e ON e.id = p.parent_id AND e.seq < p.seq)"
+    f" SELECT {', '.join('x.' + c for c in ENTRY_COLUMNS.split(', '))}"
+    " FROM path JOIN entries AS x ON x.id = path.id ORDER BY path.seq"
+)
+
+
 class FileForkSource:
     """A session file read for a streamed fork, inside one read transaction
     (`file_fork_source`): registers in memory, entries streamed in seq order."""
@@ -850,8 +860,20 @@ class FileForkSource:
 
     def entries(self) -> Iterator[Entry]:
         """Every entry in seq order, fetched `STREAM_FETCH` rows at a time."""
+        return self._stream(f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY seq, id", ())
+
+    def path_entries(self, tip: str) -> Iterator[Entry]:
+        """The branch from its root down to `tip`, in seq order, fetched
+        `STREAM_FETCH` rows at a time. The walk up from the tip only follows a
+        parent with a smaller seq (a corrupt cycle cannot loop); a broken chain
+        ends the walk early, which `checked_path` reports. SQLite sorts the
+        path's (seq, id) pairs in its sorter, which spills to a temp file past
+        the page cache, so memory stays bounded for any branch length."""
+        return self._stream(_PATH_SQL, (tip,))
+
+    def _stream(self, sql: str, params: Sequence[Any]) -> Iterator[Entry]:
         with mapped(self.path, self.busy_timeout):
-            cur = self.conn.execute(f"SELECT {ENTRY_COLUMNS} FROM entries ORDER BY seq, id")
+            cur = self.conn.execute(sql, params)
         try:
             while True:
                 with mapped(self.path, self.busy_timeout):
@@ -861,7 +883,10 @@ class FileForkSource:
                 for row in rows:
                     yield entry_from_row(row)
         finally:
-            cur.close()
+            # A wrapping generator that failed leaves this one to the garbage
+            # collector, which may close it after its connection was closed.
+            with contextlib.suppress(sqlite3.Error):
+                cur.close()
 
 
 @contextlib.contextmanager

@@ -136,7 +136,11 @@ Retention
     `prune` deletes events older than a duration, as a prefix of the read
     order, and records the last deleted position. A watcher whose cursor lies
     below it gets `CursorExpiredError` (``after="start"`` means the oldest
-    retained event and never expires).
+    retained event and never expires). It works in chunks, each its own
+    transaction that deletes the next part of that prefix and raises the
+    recorded position in the same commit, so every read's snapshot sees the
+    log and the position agree: between chunks the log is a shorter prefix
+    of the same order, never one with a hole.
 """
 
 from ..errors import CursorExpiredError, WatchClosedError, WatchError, WatchFailedError

@@ -17,7 +17,7 @@ from ..durations import duration_arg
 from ..errors import CursorExpiredError, PgleaseError, ValidationError
 from ..types import Event, Owner
 from ._core import check_interval
-from .prune import prune
+from .prune import DEFAULT_CHUNK, check_chunk, prune
 from .reaper import Reaper, reap_once
 from .watcher import Watcher
 
@@ -90,6 +90,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--force",
         action="store_true",
         help="prune even when DURATION is shorter than the longest TTL of a held lease",
+    )
+    p.add_argument(
+        "--chunk",
+        type=int,
+        default=DEFAULT_CHUNK,
+        metavar="N",
+        help=f"events per transaction (default {DEFAULT_CHUNK}); each chunk holds watchers"
+        " back only while it runs",
     )
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     p.set_defaults(func=cmd_prune)
@@ -208,6 +216,10 @@ def _would_prune(
 def cmd_prune(args: argparse.Namespace) -> int:
     as_json = bool(getattr(args, "json", False))
     try:
+        check_chunk(args.chunk)
+    except ValidationError as exc:
+        return fail(f"--chunk: {exc}", EXIT_USAGE)
+    try:
         # A dry run only reads: it never migrates, like every read-only command.
         with open_store(args, read_only=args.dry_run) as store:
             with store.connection() as conn:
@@ -224,7 +236,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
                     f" ({longest:g}s, a held lease); pass --force to prune anyway",
                     EXIT_USAGE,
                 )
-            deleted = prune(store, args.older_than)
+            deleted = prune(store, args.older_than, chunk=args.chunk)
     except PgleaseError as exc:
         return fail(str(exc))
     if as_json:

@@ -1,15 +1,18 @@
 """Retention: delete old events, raising the prune horizon watchers check against,
-and the payloads no remaining event references."""
+and the payloads no remaining event references, in short chunks."""
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from .. import _instrument
-from ..errors import ValidationError
+from ..errors import DatabaseError, PgleaseError, ValidationError
+from ..postgres._core import translate
 from .watcher import AsyncStore, SyncStore
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -64,40 +67,117 @@ class PruneResult(int):
         return f"PruneResult(events={int(self)}, payloads={self.payloads})"
 
 
-def _query(schema: str) -> bytes:
-    # prune_log (sql/0007): the events, then the payloads nothing references.
-    return (
-        sql.SQL("SELECT events, payloads FROM {}.prune_log(make_interval(secs => %s))")
-        .format(sql.Identifier(schema))
-        .as_string(None)
-        .encode()
-    )
+#: Events per chunk, each chunk its own transaction; payloads go half as many
+#: per chunk (each costs an index probe of the events, through the entries the
+#: deleted events left until vacuum). Sized so a chunk stays under ~100 ms on a
+#: busy 2-core server (bench/RESULTS-scale.md): that is how long a prune can
+#: hold back any watcher of the cluster.
+DEFAULT_CHUNK = 1000
+MAX_CHUNK = 100_000
 
 
-def prune(store: SyncStore, older_than: float | timedelta) -> PruneResult:
-    """Delete events created more than `older_than` ago, then every payload no
-    remaining event references; return the counts (an int: the events).
+def _payload_chunk(chunk: int) -> int:
+    return max(1, chunk // 2)
+
+
+def check_chunk(chunk: object) -> int:
+    if isinstance(chunk, bool) or not isinstance(chunk, int):
+        raise ValidationError(f"chunk must be an integer, got {chunk!r}")
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise ValidationError(f"chunk must be between 1 and {MAX_CHUNK}, got {chunk}")
+    return chunk
+
+
+class _Queries:
+    """The three statements of a chunked prune, for one schema."""
+
+    def __init__(self, schema: str) -> None:
+        def q(text: str) -> bytes:
+            return sql.SQL(text).format(s=sql.Identifier(schema)).as_string(None).encode()
+
+        # By the database clock, once: later chunks keep the same cutoff, so
+        # a prune ends even while new events keep arriving.
+        self.cutoff = q("SELECT clock_timestamp() - make_interval(secs => %s)")
+        self.events = q("SELECT events, done FROM {s}.prune_chunk(%s, %s)")
+        self.payloads = q("SELECT payloads, last_sha256, done FROM {s}.gc_payloads_chunk(%s, %s)")
+
+
+def _failed(exc: psycopg.Error) -> PgleaseError:
+    known = translate(exc)
+    if known is not None:
+        return known
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DatabaseError(f"prune failed: {first}", sqlstate=exc.diag.sqlstate)
+
+
+def prune(
+    store: SyncStore, older_than: float | timedelta, *, chunk: int = DEFAULT_CHUNK
+) -> PruneResult:
+    """Delete events created more than `older_than` ago, then the payloads of
+    the deleted events that no remaining event references; return the counts
+    (an int: the events).
 
     Deletes a prefix of the log in read order, never an event a watcher could
     still be about to read for the first time without noticing: a watcher whose
-    cursor is below the deleted range gets `CursorExpiredError`. A payload a
-    writer is storing or reusing at that moment is left alone, never pulled
-    out from under its event (see `_gc_payloads` in sql/0007_expiry_gc.sql).
+    cursor is below the deleted range gets `CursorExpiredError`. The work is
+    done in chunks of at most `chunk` events (then ``chunk // 2`` payloads),
+    each its own short transaction, because any open writing transaction holds back every
+    watcher of the cluster (see README "Watching"). A payload a writer is
+    storing or reusing at that moment is left alone, never pulled out from
+    under its event, and judged again by the next prune (`gc_payloads_chunk`
+    in sql/functions/20_watch.sql).
     """
     seconds = _check_age(older_than)
-    with store.connection() as conn:
-        row = conn.execute(_query(store.schema), [seconds]).fetchone()
-    assert row is not None
-    _instrument.recorder.pruned(int(row[0]), int(row[1]))
-    return PruneResult(int(row[0]), int(row[1]))
+    size = check_chunk(chunk)
+    q = _Queries(store.schema)
+    events = payloads = 0
+    try:
+        with store.connection() as conn:
+            cutoff = _row(conn.execute(q.cutoff, [seconds]).fetchone())[0]
+            done = False
+            while not done:
+                n, done = _row(conn.execute(q.events, [cutoff, size]).fetchone())
+                events += int(n)
+            after, done = b"", False
+            while not done:
+                row = conn.execute(q.payloads, [after, _payload_chunk(size)]).fetchone()
+                n, after, done = _row(row)
+                payloads += int(n)
+    except psycopg.Error as exc:
+        # Chunks already committed stay done; the next prune carries on.
+        raise _failed(exc) from exc
+    _instrument.recorder.pruned(events, payloads)
+    return PruneResult(events, payloads)
 
 
-async def prune_async(store: AsyncStore, older_than: float | timedelta) -> PruneResult:
+async def prune_async(
+    store: AsyncStore, older_than: float | timedelta, *, chunk: int = DEFAULT_CHUNK
+) -> PruneResult:
     """Asyncio twin of `prune`."""
     seconds = _check_age(older_than)
-    async with store.connection() as conn:
-        cur = await conn.execute(_query(store.schema), [seconds])
-        row = await cur.fetchone()
-    assert row is not None
-    _instrument.recorder.pruned(int(row[0]), int(row[1]))
-    return PruneResult(int(row[0]), int(row[1]))
+    size = check_chunk(chunk)
+    q = _Queries(store.schema)
+    events = payloads = 0
+    try:
+        async with store.connection() as conn:
+            cur = await conn.execute(q.cutoff, [seconds])
+            cutoff = _row(await cur.fetchone())[0]
+            done = False
+            while not done:
+                cur = await conn.execute(q.events, [cutoff, size])
+                n, done = _row(await cur.fetchone())
+                events += int(n)
+            after, done = b"", False
+            while not done:
+                cur = await conn.execute(q.payloads, [after, _payload_chunk(size)])
+                n, after, done = _row(await cur.fetchone())
+                payloads += int(n)
+    except psycopg.Error as exc:
+        raise _failed(exc) from exc
+    _instrument.recorder.pruned(events, payloads)
+    return PruneResult(events, payloads)
+
+
+def _row(row: Any) -> tuple[Any, ...]:
+    assert row is not None  # each function returns exactly one row
+    return tuple(row)

@@ -152,42 +152,173 @@ BEGIN
     reaped := true;
 END $$;
 
--- Payload garbage collection: delete payloads no event references.
+-- One chunk of a prune, in its own transaction (pglease.watch.prune drives
+-- them): delete up to p_limit events from the start of the log in read order
+-- (xid, id), as long as each was created before p_cutoff and lies below the
+-- readable frontier (pg_snapshot_xmin); stop at the first that is not. Raise
+-- the horizon to the last deleted position in the same transaction, so a
+-- watcher sees either the events or the raised horizon, never neither: a
+-- cursor below the horizon gets CursorExpiredError, a cursor at or above it
+-- has lost nothing. The deleted events' payloads are queued for
+-- gc_payloads_chunk. `done` is true when the prefix ends within this chunk.
+--
+-- Bounded: it reads at most p_limit index entries after the horizon (every
+-- event below the horizon is gone: it was below the frontier, so no event can
+-- arrive there later), whatever the log's size. Several chunks give the
+-- result one big delete would (a chunk's frontier is never older than the
+-- previous one's). The schema owner's job: no client or reader role is
+-- granted it.
+CREATE OR REPLACE FUNCTION @schema@.prune_chunk(
+    p_cutoff timestamptz, p_limit integer, OUT events bigint, OUT done boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    h @schema@.event_horizon%ROWTYPE;
+    v_xmin xid8;
+    v_run bigint;
+    v_last_xid xid8;
+    v_last_id bigint;
+BEGIN
+    IF p_cutoff IS NULL OR p_cutoff > clock_timestamp() THEN
+        RAISE EXCEPTION 'cutoff must be an instant not in the future, got %',
+            coalesce(p_cutoff::text, 'NULL') USING ERRCODE = 'PGL20';
+    END IF;
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'chunk must be between 1 and 100000, got %', coalesce(p_limit::text, 'NULL')
+            USING ERRCODE = 'PGL20';
+    END IF;
+    -- One pruner at a time; watchers are not blocked (they only read).
+    SELECT * INTO h FROM @schema@.event_horizon FOR UPDATE;
+    v_xmin := pg_snapshot_xmin(pg_current_snapshot());
+    -- The run of deletable events at the head of what is left: a running AND
+    -- in read order, true up to the first keeper.
+    SELECT count(*) FILTER (WHERE w.run),
+           (array_agg(w.xid ORDER BY w.xid DESC, w.id DESC) FILTER (WHERE w.run))[1],
+           (array_agg(w.id ORDER BY w.xid DESC, w.id DESC) FILTER (WHERE w.run))[1]
+      INTO v_run, v_last_xid, v_last_id
+      FROM (SELECT hd.xid, hd.id,
+                   bool_and(hd.old) OVER (ORDER BY hd.xid, hd.id) AS run
+              FROM (SELECT e.xid, e.id, (e.created_at < p_cutoff AND e.xid < v_xmin) AS old
+                      FROM @schema@.events e
+                     WHERE (e.xid, e.id) > (h.pruned_xid, h.pruned_id)
+                     ORDER BY e.xid, e.id LIMIT p_limit) hd) w;
+    events := 0;
+    IF v_run > 0 THEN
+        -- Every event in this range was in the run: it is below the frontier,
+        -- so nothing committed since the run was read can fall inside it.
+        WITH gone AS (
+            DELETE FROM @schema@.events e
+             WHERE (e.xid, e.id) > (h.pruned_xid, h.pruned_id)
+               AND (e.xid, e.id) <= (v_last_xid, v_last_id)
+               AND e.xid < v_xmin
+            RETURNING e.payload_sha256),
+        queued AS (
+            INSERT INTO @schema@.payload_gc_queue (sha256)
+            SELECT DISTINCT g.payload_sha256 FROM gone g WHERE g.payload_sha256 IS NOT NULL
+            ON CONFLICT DO NOTHING)
+        SELECT count(*) INTO prune_chunk.events FROM gone;
+        UPDATE @schema@.event_horizon SET pruned_xid = v_last_xid, pruned_id = v_last_id,
+            pruned_at = clock_timestamp()
+         WHERE (pruned_xid, pruned_id) < (v_last_xid, v_last_id);
+    END IF;
+    -- A full run may be followed by more; anything shorter met a keeper or the end.
+    done := v_run < p_limit;
+END $$;
+
+-- Payload garbage collection, one chunk: up to p_limit queued payloads after
+-- p_after (in sha256 order; an empty bytea to start), each deleted if no event
+-- references it. Only payloads whose events prune deleted are ever queued, so
+-- this never scans the payload table.
 --
 -- Two statements, because each takes its own snapshot (READ COMMITTED):
---  1. lock the payloads that look unreferenced, FOR UPDATE SKIP LOCKED. A row
+--  1. lock the candidates that look unreferenced, FOR UPDATE SKIP LOCKED. A row
 --     a writer holds FOR KEY SHARE (see mutate_begin) is about to be referenced
---     and is skipped; once locked here, no writer can start referencing a row.
+--     and is skipped; once locked here, no writer can start referencing a row
+--     (its key-share lock and its foreign-key check wait for this transaction).
 --  2. delete those still unreferenced, judged by a fresh snapshot: a writer
 --     that locked, referenced and committed between statement 1's snapshot
 --     and its lock is visible now, and its payload stays.
--- A skipped row whose writer rolled back is collected by the next prune.
+-- Then the batch leaves the queue, except the rows skipped in 1 that are still
+-- stored and unreferenced: their writer may roll back, and the next prune
+-- judges them again. A referenced payload leaves the queue: the prune that
+-- deletes its referencing event queues it again. `last_sha256` is where the
+-- next chunk starts (p_after, so a skipped row is not read twice in one run);
+-- `done` is true when the queue after p_after is exhausted. Never waits for a
+-- writer.
+CREATE OR REPLACE FUNCTION @schema@.gc_payloads_chunk(
+    p_after bytea, p_limit integer,
+    OUT payloads bigint, OUT last_sha256 bytea, OUT done boolean)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_batch bytea[];
+    v_locked bytea[];
+BEGIN
+    IF p_after IS NULL THEN
+        RAISE EXCEPTION 'p_after must not be NULL (use an empty bytea to start)'
+            USING ERRCODE = 'PGL20';
+    END IF;
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'chunk must be between 1 and 100000, got %', coalesce(p_limit::text, 'NULL')
+            USING ERRCODE = 'PGL20';
+    END IF;
+    -- Serialised with prune_chunk: no event is deleted between the statements.
+    PERFORM 1 FROM @schema@.event_horizon FOR UPDATE;
+    SELECT array_agg(q.sha256 ORDER BY q.sha256) INTO v_batch FROM (
+        SELECT g.sha256 FROM @schema@.payload_gc_queue g WHERE g.sha256 > p_after
+         ORDER BY g.sha256 LIMIT p_limit) q;
+    payloads := 0;
+    done := coalesce(cardinality(v_batch), 0) < p_limit;
+    last_sha256 := coalesce(v_batch[cardinality(v_batch)], p_after);
+    IF v_batch IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(c.sha256), '{}') INTO v_locked FROM (
+        SELECT p.sha256 FROM @schema@.payloads p
+         WHERE p.sha256 = ANY (v_batch)
+           AND NOT EXISTS (SELECT 1 FROM @schema@.events e WHERE e.payload_sha256 = p.sha256)
+           FOR UPDATE OF p SKIP LOCKED) c;
+    WITH gone AS (
+        DELETE FROM @schema@.payloads p
+         WHERE p.sha256 = ANY (v_locked)
+           AND NOT EXISTS (SELECT 1 FROM @schema@.events e WHERE e.payload_sha256 = p.sha256)
+        RETURNING 1)
+    SELECT count(*) INTO gc_payloads_chunk.payloads FROM gone;
+    DELETE FROM @schema@.payload_gc_queue g
+     WHERE g.sha256 = ANY (v_batch)
+       AND (g.sha256 = ANY (v_locked)
+            OR NOT EXISTS (SELECT 1 FROM @schema@.payloads p WHERE p.sha256 = g.sha256)
+            OR EXISTS (SELECT 1 FROM @schema@.events e WHERE e.payload_sha256 = g.sha256));
+END $$;
+
+-- Every queued payload no event references, in one transaction (prune_log's
+-- second step). Kept for prune_log's callers; pglease.watch.prune uses
+-- gc_payloads_chunk.
 CREATE OR REPLACE FUNCTION @schema@._gc_payloads()
 RETURNS bigint LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_candidates bytea[];
-    v_count bigint;
+    r record;
+    v_after bytea := '\x';
+    v_count bigint := 0;
 BEGIN
-    SELECT array_agg(c.sha256) INTO v_candidates FROM (
-        SELECT p.sha256 FROM @schema@.payloads p
-         WHERE NOT EXISTS (SELECT 1 FROM @schema@.events e WHERE e.payload_sha256 = p.sha256)
-           FOR UPDATE OF p SKIP LOCKED) c;
-    IF v_candidates IS NULL THEN
-        RETURN 0;
-    END IF;
-    WITH gone AS (
-        DELETE FROM @schema@.payloads p
-         WHERE p.sha256 = ANY (v_candidates)
-           AND NOT EXISTS (SELECT 1 FROM @schema@.events e WHERE e.payload_sha256 = p.sha256)
-        RETURNING 1)
-    SELECT count(*) INTO v_count FROM gone;
+    LOOP
+        SELECT * INTO r FROM @schema@.gc_payloads_chunk(v_after, 10000);
+        v_count := v_count + r.payloads;
+        v_after := r.last_sha256;
+        EXIT WHEN r.done;
+    END LOOP;
     RETURN v_count;
 END $$;
 
 -- Delete events created before now - p_older_than, as a prefix of the read
 -- order (xid, id) and only below the readable frontier, raise the horizon to
--- the last deleted position, then delete the payloads no event references.
+-- the last deleted position, then delete the payloads of the deleted events
+-- that no event references any more, all in ONE transaction: it holds back
+-- every watcher of the cluster for its duration. Kept for direct SQL callers;
+-- pglease.watch.prune runs the same work as short chunks.
 -- The schema owner's job: no client or reader role is granted it.
 CREATE OR REPLACE FUNCTION @schema@.prune_log(
     p_older_than interval, OUT events bigint, OUT payloads bigint)
@@ -196,35 +327,19 @@ SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_cutoff timestamptz;
-    v_xmin xid8 := pg_snapshot_xmin(pg_current_snapshot());
-    v_keep_xid xid8;
-    v_keep_id bigint;
-    v_max_xid xid8;
-    v_max_id bigint;
+    r record;
 BEGIN
     IF p_older_than IS NULL OR p_older_than < interval '0' THEN
         RAISE EXCEPTION 'older_than must be a non-negative interval, got %',
             coalesce(p_older_than::text, 'NULL') USING ERRCODE = 'PGL20';
     END IF;
     v_cutoff := clock_timestamp() - p_older_than;
-    -- One pruner at a time; watchers are not blocked (they only read).
-    PERFORM 1 FROM @schema@.event_horizon FOR UPDATE;
-    SELECT e.xid, e.id INTO v_keep_xid, v_keep_id FROM @schema@.events e
-     WHERE e.created_at >= v_cutoff OR e.xid >= v_xmin
-     ORDER BY e.xid, e.id LIMIT 1;
-    WITH gone AS (
-        DELETE FROM @schema@.events e
-         WHERE e.xid < v_xmin
-           AND (v_keep_xid IS NULL OR (e.xid, e.id) < (v_keep_xid, v_keep_id))
-        RETURNING e.xid, e.id)
-    SELECT count(*), (array_agg(g.xid ORDER BY g.xid DESC, g.id DESC))[1],
-           (array_agg(g.id ORDER BY g.xid DESC, g.id DESC))[1]
-      INTO prune_log.events, v_max_xid, v_max_id FROM gone g;
-    IF prune_log.events > 0 THEN
-        UPDATE @schema@.event_horizon SET pruned_xid = v_max_xid, pruned_id = v_max_id,
-            pruned_at = clock_timestamp()
-         WHERE (pruned_xid, pruned_id) < (v_max_xid, v_max_id);
-    END IF;
+    prune_log.events := 0;
+    LOOP
+        SELECT * INTO r FROM @schema@.prune_chunk(v_cutoff, 100000);
+        prune_log.events := prune_log.events + r.events;
+        EXIT WHEN r.done;
+    END LOOP;
     prune_log.payloads := @schema@._gc_payloads();
 END $$;
 
