@@ -5,11 +5,13 @@
 `tools/async_to_sync.py`: `AsyncConnectionStack` serves `AsyncPostgresStore`,
 `ConnectionStack` serves `PostgresStore`.
 
-psycopg-pool's checkout and return cost about 25 us of client CPU each
-(statistics, conditions, state checks); a lease call makes one per operation,
-and on a small machine that CPU is taken from PostgreSQL. Connections are
-taken from the pool once and then reused from this stack. A connection that
-comes back broken or not idle is handed to the pool, which resets or replaces it.
+psycopg-pool's checkout and return cost client CPU on every call (statistics,
+locks, state checks: 2-3 us a pair uncontended with psycopg-pool 3.3, against
+1.6 us here, most of it the `alive` poll; bench/RESULTS.md); a lease call makes
+one per operation, and on a small machine that CPU is taken from PostgreSQL.
+Connections are taken from the pool once and then reused from this stack. A
+connection that comes back broken or not idle is handed to the pool, which
+resets or replaces it.
 A caller that finds the stack empty asks the pool and leaves a ticket; the next
 connection given back goes to the pool for it (else it could wait out its
 timeout while the others kept theirs here). A caller the pool served at once
