@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,3 +65,59 @@ def test_every_generated_twin_is_current() -> None:
         assert (ROOT / target).read_text(encoding="utf-8") == expected, (
             f"{target} is out of date: run python tools/async_to_sync.py"
         )
+
+
+def test_awaitable_types_become_their_value_type() -> None:
+    out = _tool().convert(
+        "Read = Callable[[AsyncConnection[Any]], Awaitable[dict[str, list[int]]]]\n"
+        "def f(fn: Callable[[], Awaitable[T]], x: Awaitable) -> Awaitable[None]: ...\n"
+    )
+    assert out == (
+        "Read = Callable[[Connection[Any]], dict[str, list[int]]]\n"
+        "def f(fn: Callable[[], T], x: Awaitable) -> None: ...\n"
+    )
+
+
+BLOCK = """class AsyncStore:
+    # async-only: begin
+    @classmethod
+    async def open(cls) -> "AsyncStore":
+        return cls()
+    # async-only: end
+
+    async def close(self) -> None:
+        pass
+"""
+
+
+def test_async_only_blocks_are_left_out_of_the_twin() -> None:
+    assert _tool().convert(BLOCK) == "class Store:\n\n    def close(self) -> None:\n        pass\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("# async-only: begin\nx = 1\n", "line 1: `# async-only: begin` is never ended"),
+        ("x = 1\n# async-only: end\n", "line 2: `# async-only: end` without a begin"),
+        (
+            "# async-only: begin\n# async-only: begin\n# async-only: end\n",
+            "line 2: `# async-only: begin` inside another",
+        ),
+    ],
+)
+def test_unbalanced_async_only_markers_are_refused(text: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        _tool().convert(text)
+
+
+def test_imports_the_twin_no_longer_uses_are_pruned() -> None:
+    tool = _tool()
+    source = (
+        "import asyncio\nfrom collections.abc import AsyncIterator, Awaitable\n\n\n"
+        "async def f(g: Callable[[], Awaitable[int]]) -> AsyncIterator[int]:\n"
+        "    yield await asyncio.to_thread(g)  # sync: yield g()\n"
+    )
+    out = tool._format(tool.convert(source), ROOT / "pglease/_twin_example.py")
+    assert "asyncio" not in out and "Awaitable" not in out
+    assert "from collections.abc import Iterator\n" in out
+    assert "def f(g: Callable[[], int]) -> Iterator[int]:\n    yield g()\n" in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
@@ -194,6 +195,50 @@ async def test_async_connections_come_prepared(apg_store: AsyncPostgresStore) ->
         )
         names = [r[0] for r in await cur.fetchall()]
     assert names == _FAST_PATH
+
+
+def _until(condition: Any, what: str, limit: float = 30.0) -> None:
+    """Wait (bounded) for `condition()`, polling."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"still waiting for {what} after {limit} s"
+        time.sleep(0.01)
+
+
+def test_a_caller_waiting_for_the_pool_gets_the_next_connection_back(
+    pg_dsn: str, schema: str
+) -> None:
+    """Connections go back to the pool, not to the reuse stack, while a caller waits
+    there: else it would wait out pool_timeout beside an idle connection."""
+    with PostgresStore(pg_dsn, schema=schema, max_size=1) as store:
+        rid = store.ensure_resource("run", "starve")
+        got: list[Any] = []
+        with store.connection():
+            waiter = threading.Thread(target=lambda: got.append(store.get(rid)))
+            waiter.start()
+            pool = store._pool
+            assert pool is not None
+            _until(lambda: pool.get_stats()["requests_waiting"] == 1, "the waiting caller")
+        waiter.join(60)
+        assert not waiter.is_alive() and [s.id for s in got] == [rid]
+        assert store.claim(rid, Owner("host", "a"), 30) is not None  # reuse goes on
+
+
+async def test_async_caller_waiting_for_the_pool_gets_the_next_connection_back(
+    pg_dsn: str, schema: str
+) -> None:
+    async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=1) as store:
+        rid = await store.ensure_resource("run", "starve")
+        async with store.connection():
+            waiter = asyncio.create_task(store.get(rid))
+            for _ in range(3000):  # bounded: the task asks for a connection at once
+                if store.pool.get_stats()["requests_waiting"] == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert store.pool.get_stats()["requests_waiting"] == 1
+        state = await asyncio.wait_for(waiter, 60)
+        assert state.id == rid
+        assert await store.claim(rid, Owner("host", "a"), 30) is not None
 
 
 def test_hot_path_survives_deallocate_all(pg_store: PostgresStore) -> None:

@@ -8,9 +8,12 @@ layout survive, then `ruff format` settles the layout:
 - names are renamed: `RENAMES` first, then ``AsyncName`` -> ``Name`` and
   ``name_async`` -> ``name`` (so ``AsyncConnection``, ``migrate_async`` and the
   compat module ``_compat_async`` map to their sync counterparts);
-- a line ending in ``# sync: CODE`` becomes ``CODE`` (same indentation), and a
-  line ending in ``# sync: -`` is dropped: for the few places where the two
-  flavours differ by more than names.
+- ``Awaitable[X]`` becomes ``X`` (a callback's type: it returns the value);
+- a line ending in ``# sync: CODE`` becomes ``CODE`` (same indentation), a
+  line ending in ``# sync: -`` is dropped, and so is every line from one
+  ``# async-only: begin`` to the next ``# async-only: end`` (both included):
+  for the few places where the two flavours differ by more than names;
+- imports the twin no longer uses (say ``asyncio`` or ``Awaitable``) go.
 
 Strings are never touched. Run ``python tools/async_to_sync.py`` to write the
 twins, ``--check`` to fail (exit 1) when a generated file is out of date.
@@ -33,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/_migrate_async.py", "pglease/_migrate.py"),
     ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
+    ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
+    ("pglease/postgres/async_store.py", "pglease/postgres/store.py"),
 )
 
 RENAMES = {
@@ -47,6 +52,8 @@ RENAMES = {
 }
 _ASYNC_PREFIX = re.compile(r"Async([A-Z]\w*)")
 _SYNC_LINE = re.compile(r"#\s*sync:\s*(.*?)\s*$")
+_BLOCK_BEGIN = re.compile(r"^\s*#\s*async-only:\s*begin\s*$")
+_BLOCK_END = re.compile(r"^\s*#\s*async-only:\s*end\s*$")
 KEYWORDS = ("def", "with", "for")
 HEADER = "# Generated from {source} by tools/async_to_sync.py: do not edit.\n"
 
@@ -63,7 +70,20 @@ def rename(name: str) -> str:
 
 def _apply_line_markers(text: str) -> str:
     out: list[str] = []
-    for line in text.splitlines(keepends=True):
+    in_block = 0  # line number of the open `# async-only: begin`, or 0
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        if _BLOCK_BEGIN.match(line):
+            if in_block:
+                raise ValueError(f"line {number}: `# async-only: begin` inside another")
+            in_block = number
+            continue
+        if _BLOCK_END.match(line):
+            if not in_block:
+                raise ValueError(f"line {number}: `# async-only: end` without a begin")
+            in_block = 0
+            continue
+        if in_block:
+            continue
         match = _SYNC_LINE.search(line)
         if match is None:
             out.append(line)
@@ -73,7 +93,22 @@ def _apply_line_markers(text: str) -> str:
             continue
         indent = line[: len(line) - len(line.lstrip())]
         out.append(f"{indent}{replacement}\n")
+    if in_block:
+        raise ValueError(f"line {in_block}: `# async-only: begin` is never ended")
     return "".join(out)
+
+
+def _closing_bracket(tokens: list[tokenize.TokenInfo], opening: int) -> int:
+    """The index of the token closing the bracket at `opening`."""
+    depth = 0
+    for index in range(opening, len(tokens)):
+        if tokens[index].type == tokenize.OP and tokens[index].string in "([{":
+            depth += 1
+        elif tokens[index].type == tokenize.OP and tokens[index].string in ")]}":
+            depth -= 1
+            if depth == 0:
+                return index
+    raise ValueError(f"line {tokens[opening].start[0]}: unclosed bracket")
 
 
 def convert(source: str) -> str:
@@ -93,6 +128,12 @@ def convert(source: str) -> str:
         if tok.type != tokenize.NAME:
             continue
         following = tokens[index + 1] if index + 1 < len(tokens) else None
+        if tok.string == "Awaitable" and following is not None and following.string == "[":
+            # `Awaitable[X]` -> `X`: drop the name with its bracket, and the closing one.
+            closing = tokens[_closing_bracket(tokens, index + 1)]
+            edits.append((at(tok.start), at(following.end), ""))
+            edits.append((at(closing.start), at(closing.end), ""))
+            continue
         # Only the keywords: `await` before an expression, `async` before def/with/for.
         if tok.string == "await" or (
             tok.string == "async" and following is not None and following.string in KEYWORDS
@@ -101,6 +142,7 @@ def convert(source: str) -> str:
             edits.append((at(tok.start), end, ""))
         elif (renamed := rename(tok.string)) != tok.string:
             edits.append((at(tok.start), at(tok.end), renamed))
+    edits.sort()  # an Awaitable's closing bracket was queued before the names inside it
     for start, end, replacement in reversed(edits):
         text = text[:start] + replacement + text[end:]
     return text
@@ -118,13 +160,18 @@ def _ruff(args: list[str], text: str, target: Path) -> str:
 
 
 def _format(text: str, target: Path) -> str:
-    # Renames can unsort an import block: sort imports first, then format.
-    text = _ruff(["check", "--fix", "--select", "I", "--quiet", "--exit-zero"], text, target)
+    # Renames can unsort an import block, and a dropped line or `Awaitable` can
+    # leave an import unused: sort and prune imports first, then format.
+    fix = ["check", "--fix", "--select", "I,F401", "--quiet", "--exit-zero"]
+    text = _ruff(fix, text, target)
     return _ruff(["format", "--quiet"], text, target)
 
 
 def generate(source: Path, target: Path) -> str:
-    body = convert(source.read_text(encoding="utf-8"))
+    try:
+        body = convert(source.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise SystemExit(f"{source.relative_to(ROOT)}: {exc}") from exc
     return _format(HEADER.format(source=source.relative_to(ROOT)) + body, target)
 
 
