@@ -256,7 +256,7 @@ def test_a_default_hold_also_takes_a_watch_hub_connection(
     small_server: Node, client_dsn: tuple[str, str]
 ) -> None:
     """With the defaults (use_watcher=True, no timeout) `hold` starts the watch
-    hub before its first claim: pool min_size + keeper + hub = 3 connections."""
+    hub before its first claim: pool (min_size 1, up to 2) + keeper + hub."""
     from pglease import Owner, PostgresStore
 
     dsn, schema = client_dsn
@@ -266,11 +266,16 @@ def test_a_default_hold_also_takes_a_watch_hub_connection(
         store.hold("budget", "default", Owner("host", "d"), TTL),
     ):
         rows = small_server.query(
-            "SELECT application_name LIKE 'pglease-keeper-%%', count(*) FROM pg_stat_activity"
-            " WHERE usename = %s GROUP BY 1",
-            [role],
+            "SELECT CASE WHEN application_name LIKE 'pglease-keeper-%%' THEN 'keeper'"
+            " WHEN application_name = %s THEN 'pool' ELSE 'hub' END, count(*)"
+            " FROM pg_stat_activity WHERE usename = %s GROUP BY 1",
+            [f"pglease-{schema}", role],
         )
-        assert dict(rows) == {True: 1, False: 2}, rows
+        found = dict(rows)
+        # The pool may have grown to its max_size of 2 while hold's first claim
+        # and the waiting room's start overlapped: min_size is only the floor.
+        assert found.get("keeper") == 1 and found.get("hub") == 1, rows
+        assert 1 <= found.get("pool", 0) <= 2, rows
 
 
 if __name__ == "__main__":
