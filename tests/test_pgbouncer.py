@@ -861,3 +861,47 @@ def test_every_cli_command_through_the_pooler(
                               "--id", "ce"))  # fmt: skip
     imported = json.loads(run("--json", "session", "import", exported["path"], "--id", "ci"))
     assert imported["id"] == "ci" and imported["entries"] == 1
+
+
+def test_reap_and_prune_are_bounded_by_lock_timeout(
+    bouncer_dsn: str, pg_dsn: str, schema: str
+) -> None:
+    """Behind the pooler no session SET bounds them: each reap and each prune
+    chunk runs in a transaction that sets the store's limits first."""
+    from pglease.errors import DatabaseError, LockTimeoutError
+    from pglease.watch import prune, prune_async, reap_once, reap_once_async
+
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.5) as s:
+        s.ensure_resource("job", "r")
+        blocker = psycopg.connect(pg_dsn)
+        try:
+            blocker.execute(f'LOCK TABLE "{schema}".leases IN ACCESS EXCLUSIVE MODE')
+            raised = _raised_within(lambda: reap_once(s))
+            assert isinstance(raised, LockTimeoutError), raised
+            blocker.rollback()
+            blocker.execute(f'SELECT 1 FROM "{schema}".event_horizon FOR UPDATE')
+            raised = _raised_within(lambda: prune(s, 0.0, chunk=10))
+            assert isinstance(raised, DatabaseError), raised
+            assert "lock timeout" in str(raised), raised
+        finally:
+            blocker.rollback()
+            blocker.close()
+        assert reap_once(s) == 0  # nothing left behind: both work again
+
+    async def main() -> None:
+        async with AsyncPostgresStore(bouncer_dsn, schema=schema, pooler=True,
+                                      lock_timeout=0.5) as a:  # fmt: skip
+            blocker = await psycopg.AsyncConnection.connect(pg_dsn)
+            try:
+                await blocker.execute(f'LOCK TABLE "{schema}".leases IN ACCESS EXCLUSIVE MODE')
+                with pytest.raises(LockTimeoutError):
+                    await asyncio.wait_for(reap_once_async(a), 30)
+                await blocker.rollback()
+                await blocker.execute(f'SELECT 1 FROM "{schema}".event_horizon FOR UPDATE')
+                with pytest.raises(DatabaseError, match="lock timeout"):
+                    await asyncio.wait_for(prune_async(a, 0.0, chunk=10), 30)
+            finally:
+                await blocker.rollback()
+                await blocker.close()
+
+    asyncio.run(main())

@@ -172,10 +172,7 @@ def _limits(store: object) -> _core.Limits | None:
 def _pooler_limits(store: object) -> bytes | None:
     """Pooler mode: the store's limits as one `set_config(..., true)` statement to
     run first in the attempt's transaction (no session SET bounds it there)."""
-    limits = _limits(store)
-    if limits is None or not getattr(store, "pooler", False):
-        return None
-    return limits.local_config
+    return _core.pooler_local_limits(store)
 
 
 def _busy(exc: psycopg.Error) -> bool:

@@ -292,6 +292,16 @@ def _server_limit(value: object, what: str) -> float | None:
     return seconds
 
 
+def pooler_local_limits(store: object) -> bytes | None:
+    """Pooler mode: the store's limits as one `set_config(..., true)` statement,
+    to run first in a transaction pglease opens (no session SET bounds a call
+    behind a transaction pooler). None for a direct store or another store."""
+    limits = getattr(store, "limits", None)
+    if not isinstance(limits, Limits) or not getattr(store, "pooler", False):
+        return None
+    return limits.local_config
+
+
 def connect_kwargs(schema: str, pooler: bool = False) -> dict[str, Any]:
     """Connection options of every store connection.
 

@@ -12,7 +12,7 @@ from psycopg import sql
 
 from .. import _instrument
 from ..errors import DatabaseError, PgleaseError, ValidationError
-from ..postgres._core import translate
+from ..postgres._core import pooler_local_limits, translate
 from .watcher import AsyncStore, SyncStore
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -131,17 +131,27 @@ def prune(
     size = check_chunk(chunk)
     q = _Queries(store.schema)
     events = payloads = 0
+    # Behind a transaction pooler no session SET bounds a statement: each
+    # chunk then runs in a transaction that sets the store's limits first.
+    bound = pooler_local_limits(store)
     try:
         with store.connection() as conn:
-            cutoff = _row(conn.execute(q.cutoff, [seconds]).fetchone())[0]
+
+            def one(query: bytes, args: list[Any]) -> tuple[Any, ...]:
+                if bound is None:
+                    return _row(conn.execute(query, args).fetchone())
+                with conn.transaction():
+                    conn.execute(bound)
+                    return _row(conn.execute(query, args).fetchone())
+
+            cutoff = one(q.cutoff, [seconds])[0]
             done = False
             while not done:
-                n, done = _row(conn.execute(q.events, [cutoff, size]).fetchone())
+                n, done = one(q.events, [cutoff, size])
                 events += int(n)
             after, done = b"", False
             while not done:
-                row = conn.execute(q.payloads, [after, _payload_chunk(size)]).fetchone()
-                n, after, done = _row(row)
+                n, after, done = one(q.payloads, [after, _payload_chunk(size)])
                 payloads += int(n)
     except psycopg.Error as exc:
         # Chunks already committed stay done; the next prune carries on.
@@ -158,19 +168,25 @@ async def prune_async(
     size = check_chunk(chunk)
     q = _Queries(store.schema)
     events = payloads = 0
+    bound = pooler_local_limits(store)
     try:
         async with store.connection() as conn:
-            cur = await conn.execute(q.cutoff, [seconds])
-            cutoff = _row(await cur.fetchone())[0]
+
+            async def one(query: bytes, args: list[Any]) -> tuple[Any, ...]:
+                if bound is None:
+                    return _row(await (await conn.execute(query, args)).fetchone())
+                async with conn.transaction():
+                    await conn.execute(bound)
+                    return _row(await (await conn.execute(query, args)).fetchone())
+
+            cutoff = (await one(q.cutoff, [seconds]))[0]
             done = False
             while not done:
-                cur = await conn.execute(q.events, [cutoff, size])
-                n, done = _row(await cur.fetchone())
+                n, done = await one(q.events, [cutoff, size])
                 events += int(n)
             after, done = b"", False
             while not done:
-                cur = await conn.execute(q.payloads, [after, _payload_chunk(size)])
-                n, after, done = _row(await cur.fetchone())
+                n, after, done = await one(q.payloads, [after, _payload_chunk(size)])
                 payloads += int(n)
     except psycopg.Error as exc:
         raise _failed(exc) from exc

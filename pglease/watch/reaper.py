@@ -25,8 +25,11 @@ import threading
 import time
 from typing import Any, Protocol
 
+import psycopg
+
 from .. import _instrument
-from ..errors import ValidationError
+from ..errors import PgleaseError, ValidationError
+from ..postgres._core import Limits, driver_error, pooler_local_limits
 from ..types import Claim, Owner
 from ._core import WatchQueries, check_interval
 from .watcher import AsyncStore, SyncStore
@@ -55,14 +58,26 @@ def reap_once(store: SyncStore, limit: int = DEFAULT_LIMIT) -> int:
     q = WatchQueries(store.schema)
     reaped = 0
     after = ""
-    with store.connection() as conn:
-        for _ in range(limit):
-            row = conn.execute(q.reap_next, [after]).fetchone()
-            conn.commit()
-            if row is None or row[0] is None:
-                break
-            after = row[0]
-            reaped += bool(row[1])
+    # Behind a transaction pooler no session SET bounds a statement: each reap
+    # then runs in a transaction that sets the store's limits first.
+    bound = pooler_local_limits(store)
+    try:
+        with store.connection() as conn:
+            for _ in range(limit):
+                if bound is None:
+                    row = conn.execute(q.reap_next, [after]).fetchone()
+                    conn.commit()
+                else:
+                    with conn.transaction():
+                        conn.execute(bound)
+                        row = conn.execute(q.reap_next, [after]).fetchone()
+                if row is None or row[0] is None:
+                    break
+                after = row[0]
+                reaped += bool(row[1])
+    except psycopg.Error as exc:
+        # Leases reaped before the error stay reaped (one per transaction).
+        raise _reap_error(store, exc) from exc
     _instrument.recorder.reaped(reaped)
     return reaped
 
@@ -73,17 +88,34 @@ async def reap_once_async(store: AsyncStore, limit: int = DEFAULT_LIMIT) -> int:
     q = WatchQueries(store.schema)
     reaped = 0
     after = ""
-    async with store.connection() as conn:
-        for _ in range(limit):
-            cur = await conn.execute(q.reap_next, [after])
-            row = await cur.fetchone()
-            await conn.commit()
-            if row is None or row[0] is None:
-                break
-            after = row[0]
-            reaped += bool(row[1])
+    bound = pooler_local_limits(store)
+    try:
+        async with store.connection() as conn:
+            for _ in range(limit):
+                if bound is None:
+                    row = await (await conn.execute(q.reap_next, [after])).fetchone()
+                    await conn.commit()
+                else:
+                    async with conn.transaction():
+                        await conn.execute(bound)
+                        row = await (await conn.execute(q.reap_next, [after])).fetchone()
+                if row is None or row[0] is None:
+                    break
+                after = row[0]
+                reaped += bool(row[1])
+    except psycopg.Error as exc:
+        raise _reap_error(store, exc) from exc
     _instrument.recorder.reaped(reaped)
     return reaped
+
+
+def _reap_error(store: object, exc: psycopg.Error) -> PgleaseError:
+    """A driver error of a reap as a PgleaseError, worded with the store's limits."""
+    limits = getattr(store, "limits", None)
+    dsn = getattr(store, "dsn", None)
+    return driver_error(
+        exc, limits if isinstance(limits, Limits) else None, dsn if isinstance(dsn, str) else None
+    )
 
 
 class _LeaseStore(SyncStore, Protocol):
