@@ -237,13 +237,21 @@ def test_a_failed_heartbeat_is_counted(
             ).fetchone()
         assert ended == (1,)
         clock.advance(TIMING.interval)
-        _eventually(lambda: keeper.stats.errors == 1)
-        clock.advance(1)  # the retry is due a moment later on the clock
-        _eventually(lambda: lease.renewals == 1)
+        _eventually(lambda: keeper.stats.errors >= 1)
+
+        def retried() -> bool:
+            clock.advance(0.1)  # retries are due moments later on the clock
+            return lease.renewals >= 1
+
+        # Under load the first retry can fail too (the server is still ending
+        # the backend); each failure is counted, and the next retry is due.
+        _eventually(retried)
         delta()
-    assert delta.of("pglease_heartbeat_errors_total") == 1
-    assert delta.of("pglease_heartbeat_duration_seconds_count") == 1
-    assert delta.of("pglease_renewals_total", source="keeper", outcome="renewed") == 1
+    assert keeper.stats.errors >= 1
+    assert delta.of("pglease_heartbeat_errors_total") == keeper.stats.errors
+    beats = lease.renewals  # 1, or 2 had a regular beat come due meanwhile
+    assert delta.of("pglease_heartbeat_duration_seconds_count") == beats
+    assert delta.of("pglease_renewals_total", source="keeper", outcome="renewed") == beats
     assert delta.of("pglease_leases_lost_total", cause="trust_window") == 0
 
 

@@ -85,7 +85,9 @@ class Election:
     """One candidate in election `name`, campaigning on its own thread.
 
     `on_elected(lease)` runs when it becomes leader, `on_deposed(lease)` when it
-    stops being leader (loss or resignation); both on the election thread.
+    stops being leader (loss or resignation); both on the election thread. On
+    resignation `on_deposed` runs before the lease is released, so no other
+    candidate is elected until it returns.
     """
 
     def __init__(
@@ -180,13 +182,19 @@ class Election:
                 with contextlib.suppress(LeaseLostError):
                     lease.check()  # the clock decides even if the watchdog is late
             self._elected.clear()
+            deposed = False
             if self._stop.is_set():
                 self._keeper.remove(lease)
                 if self._resign and lease.lost_error is None:
+                    # Deposed before the release: the leader's work ends before
+                    # another candidate can be elected.
+                    _call(self._on_deposed, lease, "on_deposed")
+                    deposed = True
                     with contextlib.suppress(LeaseLostError, PgleaseError, psycopg.Error):
                         self._store.release(lease.claim)
                 lease._close("resigned")
-            _call(self._on_deposed, lease, "on_deposed")
+            if not deposed:
+                _call(self._on_deposed, lease, "on_deposed")
             self._lease = None
 
 
@@ -310,13 +318,18 @@ class AsyncElection:
                 stop_wait.cancel()
                 lost_wait.cancel()
             self._elected.clear()
+            deposed = False
             if self._stop.is_set():
                 keeper.remove(lease)
                 if self._resign and lease.lost_error is None:
+                    # Deposed before the release, as in the sync twin.
+                    _call(self._on_deposed, lease, "on_deposed")
+                    deposed = True
                     with contextlib.suppress(LeaseLostError, PgleaseError, psycopg.Error):
                         await self._store.release(lease.claim)
                 lease._close("resigned")
-            _call(self._on_deposed, lease, "on_deposed")
+            if not deposed:
+                _call(self._on_deposed, lease, "on_deposed")
             self._lease = None
 
 
