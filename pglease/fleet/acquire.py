@@ -169,12 +169,6 @@ def _limits(store: object) -> _core.Limits | None:
     return limits if isinstance(limits, _core.Limits) else None
 
 
-def _pooler_limits(store: object) -> bytes | None:
-    """Pooler mode: the store's limits as one `set_config(..., true)` statement to
-    run first in the attempt's transaction (no session SET bounds it there)."""
-    return _core.pooler_local_limits(store)
-
-
 def _busy(exc: psycopg.Error) -> bool:
     """The claim waited out the store's lock_timeout on the lease row: nothing changed."""
     return isinstance(exc, psycopg.errors.LockNotAvailable)
@@ -393,7 +387,7 @@ def _attempt_row(
     try:
         with store.connection() as conn:
             try:
-                if (bound := _pooler_limits(store)) is None:
+                if (bound := _core.pooler_local_limits(store)) is None:
                     row = conn.execute(query, args).fetchone()
                 else:
                     # BEGIN, the limits and the claim in one round trip, then COMMIT.
@@ -622,7 +616,7 @@ async def _attempt_row_async(
     try:
         async with store.connection() as conn:
             try:
-                if (bound := _pooler_limits(store)) is None:
+                if (bound := _core.pooler_local_limits(store)) is None:
                     row = await (await conn.execute(query, args)).fetchone()
                 else:
                     async with conn.pipeline(), conn.transaction():

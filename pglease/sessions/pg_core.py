@@ -333,7 +333,7 @@ class _Store(Protocol):
 def pooler_limits(store: _Store) -> bytes | None:
     """Pooler mode: the store's limits as one `set_config(..., true)` statement for
     the start of a read's transaction (no session SET bounds a read there)."""
-    return store.limits.local_config if getattr(store, "pooler", False) else None
+    return store_core.pooler_local_limits(store)
 
 
 def driver_error(store: _Store, exc: psycopg.Error, broken: bool = False) -> PgleaseError:
