@@ -673,7 +673,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .cli_support import connect_direct, fail, print_json
+    from .cli.support import connect_direct, fail, print_json
     from .postgres._core import pooler_mode
 
     try:

@@ -19,8 +19,31 @@ import psycopg
 import psycopg.errors
 from psycopg import sql
 
-from . import __version__, doctor, embedded_cli, top_cli
-from .cli_support import (
+from .. import __version__, doctor
+from ..dsn import redact_dsn, redact_text
+from ..durations import duration_arg
+from ..errors import (
+    LeaseLostError,
+    MigrationError,
+    PgleaseError,
+    StaleResourceError,
+    UnknownResourceError,
+    ValidationError,
+)
+from ..ids import resource_id
+from ..listing import Listed, fetch_resource, iter_resources
+from ..payloads import RawPayload
+from ..postgres import PostgresStore
+from ..types import Claim, Event, ResourceState
+from ..validation import check_optional_revision, check_ttl
+from ..watch._core import channel_name
+from . import elect as elect_cli
+from . import embedded as embedded_cli
+from . import hold as fleet_cli
+from . import sessions as sessions_cli
+from . import top as top_cli
+from . import watch as watch_cli
+from .support import (
     EXIT_ERROR,
     EXIT_HELD,
     EXIT_NOT_CURRENT,
@@ -37,27 +60,6 @@ from .cli_support import (
     resolve_connection,
     to_jsonable,
 )
-from .dsn import redact_dsn, redact_text
-from .durations import duration_arg
-from .errors import (
-    LeaseLostError,
-    MigrationError,
-    PgleaseError,
-    StaleResourceError,
-    UnknownResourceError,
-    ValidationError,
-)
-from .fleet import cli as fleet_cli
-from .fleet import elect_cli
-from .ids import resource_id
-from .listing import Listed, fetch_resource, iter_resources
-from .payloads import RawPayload
-from .postgres import PostgresStore
-from .sessions import cli as sessions_cli
-from .types import Claim, Event, ResourceState
-from .validation import check_optional_revision, check_ttl
-from .watch import cli as watch_cli
-from .watch._core import channel_name
 
 
 def _time_left(expires_at: datetime | None, now: datetime) -> str:
@@ -116,8 +118,8 @@ def _current_claim(store: PostgresStore, args: argparse.Namespace) -> Claim:
 def cmd_migrate(args: argparse.Namespace) -> int:
     # migrate is the explicit form of auto-migration: --no-migrate does not apply.
     note_embedded(args)
-    from .migrations import grant, migrate, revoke
-    from .roles import RoleKind
+    from ..migrations import grant, migrate, revoke
+    from ..roles import RoleKind
 
     # A direct connection: a store refuses to open a schema with pending work.
     with connect_direct(args) as conn:
@@ -395,7 +397,7 @@ def _optional(conn: psycopg.Connection[Any], query: sql.Composed, args: list[Any
 
 
 def _status(conn: psycopg.Connection[Any], schema: str, within: float) -> dict[str, Any]:
-    from .migrations import migration_state
+    from ..migrations import migration_state
 
     state = migration_state(conn, schema)
     if not state.schema_exists:
@@ -507,8 +509,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    from .admin import revoke_lease
-    from .migrations import migration_state
+    from ..admin import revoke_lease
+    from ..migrations import migration_state
 
     rid = resource_id(args.type, args.key)
     note_embedded(args)
@@ -551,7 +553,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo.fleet import print_report, report_json, run_demo
+    from ..demo.fleet import print_report, report_json, run_demo
 
     note_embedded(args)
     dsn = args.dsn
@@ -669,7 +671,7 @@ def _call(args: argparse.Namespace) -> int:
         code: int = args.func(args)
         return code
     # Imported only here: without the extra this raises MetricsUnavailableError.
-    from . import metrics
+    from .. import metrics
 
     with metrics.serve(port, args.metrics_addr) as server:
         print(f"pglease: metrics at {server.url}", file=sys.stderr, flush=True)
