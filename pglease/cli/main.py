@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import psycopg
 import psycopg.errors
 
-from .. import __version__, doctor
+from .. import __version__
 from ..dsn import redact_text
 from ..durations import duration_arg
 from ..errors import (
@@ -26,6 +26,7 @@ from ..errors import (
     ValidationError,
 )
 from ..validation import check_ttl
+from . import doctor as doctor_cli
 from . import elect as elect_cli
 from . import embedded as embedded_cli
 from . import hold as fleet_cli
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     embedded_cli.register(sub)
     watch_cli.register(sub)
     sessions_cli.register(sub)
-    doctor.register(sub)
+    doctor_cli.register(sub)
     top_cli.register(sub)
     _register_completion(sub)
     for name in ("hold", "reap", "watch"):
