@@ -206,6 +206,10 @@ class SyncMailbox:
         return tip
 
 
+#: The blocking twin of `AsyncMailbox` by the generator's naming (`Async` dropped).
+Mailbox = SyncMailbox
+
+
 class AsyncMailbox:
     """One event loop's thread only: the fan-out fills it, one task empties it."""
 
