@@ -33,6 +33,12 @@ RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 DEFAULT_MAX_PENDING = 10_000
 
 
+def check_max_events(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError(f"max_events must be an int >= 1, got {describe(value)}")
+    return value
+
+
 def check_max_pending(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValidationError(f"max_pending must be an int >= 1, got {describe(value)}")

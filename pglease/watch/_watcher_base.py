@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import psycopg
 
 from .. import cursor_check
+from .._watch_common import check_max_events as check_max_events
 from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import Cursor, parse_cursor
 from ..errors import ValidationError, WatchClosedError
@@ -61,12 +62,6 @@ class AsyncStore(Protocol):
     schema: str
 
     def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
-
-
-def check_max_events(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError(f"max_events must be an int >= 1, got {describe(value)}")
-    return value
 
 
 def _after(after: str | None) -> tuple[Cursor | None, bool]:
