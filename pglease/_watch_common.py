@@ -185,6 +185,15 @@ class HubTuning:
 DEFAULT_TUNING = HubTuning()
 
 
+def check_tuning(tuning: object) -> HubTuning:
+    """`tuning` (None: the defaults), refused unless it is a `HubTuning`."""
+    if tuning is None:
+        return DEFAULT_TUNING
+    if not isinstance(tuning, HubTuning):
+        raise ValidationError(f"tuning must be a HubTuning or None, got {describe(tuning)}")
+    return tuning
+
+
 # ------------------------------------------------------------------ errors and health
 
 #: SQLSTATE classes no retry heals: 42 (access rule violation or a missing

@@ -103,7 +103,7 @@ class SqliteWatcher(SqliteWatcherBase):
                 except (sqlite3.Error, SqliteFileError) as exc:
                     pause = self._poll_failed(exc)
             if self._buffer:
-                return self._buffer.popleft()
+                return self._next()
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             left = pause if deadline is None else deadline - time.monotonic()

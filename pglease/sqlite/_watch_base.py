@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Iterable
 
 from .._watch_common import (
-    DEFAULT_TUNING,
     Filters,
     HubTuning,
     Mode,
@@ -23,6 +22,7 @@ from .._watch_common import (
     check_max_pending,
     check_mode,
     check_retry_window,
+    check_tuning,
     make_health,
 )
 from ..clock import SYSTEM_CLOCK, Clock
@@ -79,13 +79,6 @@ def check_sqlite_mode(mode: object) -> None:
         )
 
 
-def check_tuning(tuning: object) -> None:
-    # Accepted so that code written for either store runs on both; a SQLite
-    # watcher has no hub, so there is nothing to tune.
-    if tuning is not None and not isinstance(tuning, HubTuning):
-        raise ValidationError(f"tuning must be a HubTuning or None, got {describe(tuning)}")
-
-
 class SqliteWatcherBase:
     """Checks the arguments (before anything is read) and holds the shared state."""
 
@@ -110,10 +103,17 @@ class SqliteWatcherBase:
         )
         self.max_pending = check_max_pending(max_pending)
         self.retry_window = check_retry_window(retry_window)
-        check_tuning(tuning)
-        self.tuning = DEFAULT_TUNING if tuning is None else tuning
+        # Accepted so that code written for either store runs on both; a
+        # SQLite watcher has no hub, so there is nothing to tune.
+        self.tuning = check_tuning(tuning)
         self._filters = Filters.build(types, resources, event_types)
+        #: The position after the last event read (handed out or not, matching
+        #: the filters or not); None until the start is resolved.
         self._cursor = _start(after)
+        #: The cursor of the last event handed out (None: none yet).
+        self._handed: str | None = None
+        #: Where the watcher started: its cursor until it hands an event out.
+        self._start_at: str | None = None
         #: The event id the next poll reads after (set once the start is resolved).
         self._after_id = 0
         self._started = False
@@ -185,11 +185,24 @@ class SqliteWatcherBase:
 
     @property
     def cursor(self) -> str | None:
-        """The position after the last event handed out (save it to resume)."""
-        return self._cursor
+        """Where the watcher stands: pass it as `after=` to continue from here
+        (None before an asyncio watcher starts).
+
+        Events read but not handed out yet are not behind it; with none
+        pending it moves past every event read, including those the filters
+        dropped.
+        """
+        if not self._buffer:
+            return self._cursor
+        return self._handed if self._handed is not None else self._start_at
+
+    def _next(self) -> Event:
+        event = self._buffer.popleft()
+        self._handed = event.cursor
+        return event
 
     def _started_at(self, cursor: str) -> None:
-        self._cursor = cursor
+        self._cursor = self._start_at = cursor
         self._after_id = decode_cursor(cursor).event_id
         self._started = True
 
@@ -222,5 +235,5 @@ class SqliteWatcherBase:
     def _take_batch(self, first: Event, max_events: int) -> list[Event]:
         batch = [first]
         while len(batch) < max_events and self._buffer:
-            batch.append(self._buffer.popleft())
+            batch.append(self._next())
         return batch

@@ -15,6 +15,7 @@ import psycopg
 
 from .. import cursor_check
 from .._watch_common import check_max_events as check_max_events
+from .._watch_common import check_tuning
 from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import Cursor, parse_cursor
 from ..errors import ValidationError, WatchClosedError
@@ -106,7 +107,7 @@ class WatcherBase:
         self._options = _hub.HubOptions(
             self.retry_window,
             self._clock,
-            _hub.DEFAULT_TUNING if tuning is None else tuning,
+            check_tuning(tuning),
             pooler,
         )
         self.max_pending = check_max_pending(max_pending)
