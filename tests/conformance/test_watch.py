@@ -220,7 +220,7 @@ def test_close_from_another_thread_ends_a_waiting_get(backend: Backend) -> None:
     def consume() -> None:
         try:
             outcome.append(list(w))  # waits: nothing is written
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as exc:  # reported by the assertion below
             outcome.append(exc)
 
     consumer = threading.Thread(target=consume, daemon=True)
