@@ -17,6 +17,8 @@ import pytest
 from pglease import (
     InvalidCursorError,
     InvalidResourceTypeError,
+    Owner,
+    Permit,
     PgleaseError,
     ValidationError,
     WatchClosedError,
@@ -26,6 +28,7 @@ from pglease.watch import HubTuning, WatchHealth
 from ..backends import Backend
 from .watching import DEADLINE, cycles, drain, log_of, until, watcher, write
 
+B = Owner("host", "b")
 #: Every mode each backend accepts: None (its default) and "poll".
 MODES = [None, "poll"]
 
@@ -45,10 +48,14 @@ def test_every_event_once_in_order(backend: Backend, rid: str, mode: str | None)
         write(backend, rid, 5)
         cycles(backend, [rid, other], 4)
         write(backend, other, 3, "job.note")
+        revision = backend.store.get(other).revision
+        noted = Permit(other, revision)
+        backend.store.mutate(noted, "job.note", payload={"k": [1, "x"]}, actor=B)
         expected = log_of(backend)
-        assert len(expected) == 16
+        assert len(expected) == 17
         got = drain(w, len(expected))
         assert got == expected  # each once, in log order, equal to the store's log
+        assert got[-1].actor == B and got[-1].payload == {"k": [1, "x"]}
         assert w.get(0.2) is None  # and nothing more
         idle = w.cursor  # at or after the last event (PostgreSQL: the read frontier)
     write(backend, rid, 1, "run.last")
@@ -262,6 +269,8 @@ def test_a_closed_watcher_refuses_reads(backend: Backend, rid: str) -> None:
         ({"interval": "1"}, ValidationError),
         ({"retry_window": 0}, ValidationError),
         ({"retry_window": float("nan")}, ValidationError),
+        ({"retry_window": True}, ValidationError),
+        ({"retry_window": "30"}, ValidationError),
         ({"tuning": "fast"}, ValidationError),
     ],
 )
