@@ -81,7 +81,9 @@ class SqliteWatcher(SqliteWatcherBase):
     def _poll(self) -> None:
         self._check_file()
         store = self._store
-        while (wanted := self._room()) > 0:
+        # Until something matches the filters (as soon as possible, not as
+        # much as possible), at most `max_pending` events at a time.
+        while not self._buffer and (wanted := self._room()) > 0:
             # One event more than wanted: whether the file has more than fits.
             after = self._after_id
             page = store._events_after_id(after, wanted + 1)

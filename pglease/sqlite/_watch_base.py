@@ -148,8 +148,8 @@ class SqliteWatcherBase:
 
     @property
     def overflows(self) -> int:
-        """How often a poll found more than `max_pending` events waiting: the
-        rest stayed in the file for the next polls (nothing is lost)."""
+        """How often the bound held events back: `max_pending` were queued and
+        more waited in the file, read by the next polls (nothing is lost)."""
         return self._overflows
 
     def _check_file(self) -> None:

@@ -12,10 +12,11 @@ The arguments are `PostgresStore.watch`'s, with what they mean here:
   listen to), as it is for a PostgreSQL store in pooler mode.
 - `interval`: the poll period (50 ms by default).
 - `max_pending`: the bound on events read from the file and not yet handed
-  out. A poll reads at most that many; a watcher further behind leaves the
-  rest in the file and reads it with its next polls, so memory stays bounded
-  and nothing is lost or repeated. `overflows` counts the stretches in which
-  a poll found more waiting than the bound, `health.lag_events` is the queue.
+  out. A poll reads at most that many (and at most a page, 1000); a watcher
+  further behind leaves the rest in the file and reads it with its next
+  polls, so memory stays bounded and nothing is lost or repeated.
+  `overflows` counts the stretches in which the bound held events back (the
+  queue full, more waiting in the file); `health.lag_events` is the queue.
 - `retry_window`, `clock`: as for PostgreSQL (below).
 - `tuning`: accepted (a `HubTuning` or None) so that code written for either
   store runs on both; a SQLite watcher has no hub, so nothing is tuned.

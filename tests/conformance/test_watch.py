@@ -23,6 +23,7 @@ from pglease import (
     ValidationError,
     WatchClosedError,
 )
+from pglease.types import Event
 from pglease.watch import HubTuning, WatchHealth
 
 from ..backends import Backend
@@ -111,6 +112,53 @@ def test_get_batch_and_iteration_share_one_position(backend: Backend, rid: str) 
             got += batch
         assert [e.revision for e in got] == list(range(1, 13))
         assert w.get(0.2) is None
+
+
+def _take(w: Any, n: int) -> list[Event]:
+    out: list[Event] = []
+    for event in w:
+        out.append(event)
+        if len(out) == n:
+            break
+    return out
+
+
+def _first_after(backend: Backend, cursor: str) -> int:
+    """The revision of the first event after `cursor`, read by a fresh watcher."""
+    with watcher(backend, after=cursor) as w:
+        event = w.get(DEADLINE)
+    assert event is not None
+    return event.revision
+
+
+def test_leaving_a_loop_keeps_nothing_back(backend: Backend, rid: str) -> None:
+    with watcher(backend, after="start") as w:
+        write(backend, rid, 8)
+        first = _take(w, 3)
+        # The cursor resumes right after the last event the loop saw.
+        assert _first_after(backend, w.cursor) == 4
+        second = _take(iter(w), 2)
+        assert _first_after(backend, w.cursor) == 6
+        rest = drain(w, 3)
+        assert [e.revision for e in first + second + rest] == list(range(1, 9))
+
+
+def test_two_loops_interleaved_split_the_stream(backend: Backend, rid: str) -> None:
+    with watcher(backend, after="start") as w:
+        write(backend, rid, 6)
+        one, two = iter(w), iter(w)
+        got = [next(one), next(two), next(one), next(two), next(one), next(two)]
+        assert [e.revision for e in got] == list(range(1, 7))
+
+
+def test_close_inside_a_loop_ends_it(backend: Backend, rid: str) -> None:
+    w = watcher(backend, after="start")
+    write(backend, rid, 3)
+    seen = []
+    for event in w:
+        seen.append(event.revision)
+        w.close()
+    assert seen == [1]
 
 
 def test_filters_narrow_what_is_yielded_and_still_move_the_cursor(
