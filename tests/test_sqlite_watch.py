@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pglease import (
-    SqliteStore,
-)
+from pglease import Permit, SqliteStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,3 +39,22 @@ def test_events_from_another_process_arrive_in_order(store: SqliteStore, tmp_pat
             got.extend(batch)
     assert [e.revision for e in got] == list(range(1, 51))
     assert [e.payload["n"] for e in got] == list(range(50))
+
+
+@pytest.mark.parametrize("max_pending", [1, 5, 1000, 1001])
+def test_the_queue_holds_at_most_max_pending_events(tmp_path: Path, max_pending: int) -> None:
+    # SQLite's side of the bound (delivery itself is in tests/conformance/test_watch.py).
+    with SqliteStore(tmp_path / "state.sqlite") as store:
+        rid = store.ensure_resource("run", "bound")
+        for rev in range(1200):
+            store.mutate(Permit(rid, rev), "run.step")
+        with store.watch(after="start", max_pending=max_pending) as w:
+            got = [w.get(60)]
+            # Read at most `max_pending` (and a page) at a time, the first handed out.
+            assert w.health.lag_events <= min(max_pending, 1000) - 1
+            assert w.overflows == (1 if max_pending <= 1000 else 0)
+            while len(got) < 1200 and (batch := w.get_batch(60)):
+                got += batch
+                assert w.health.lag_events <= max_pending
+        assert [e.revision for e in got if e is not None] == list(range(1, 1201))
+        assert w.overflows == (1 if max_pending <= 1000 else 0)
