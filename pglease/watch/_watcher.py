@@ -25,6 +25,7 @@ from psycopg_pool import PoolClosed
 
 from ..clock import Clock
 from ..errors import WatchClosedError
+from ..postgres._core import driver_error
 from ..types import Event
 from . import hub as _hub
 from ._core import DEFAULT_RETRY_WINDOW, PAGE, WatchHealth, parse_page
@@ -114,8 +115,13 @@ class Watcher(WatcherBase):
             raise WatchClosedError("the watcher is closed")
         row = None
         if (start := self._start_query()) is not None:
-            with self._store.connection() as conn:
-                row = (conn.execute(*start)).fetchone()
+            try:
+                with self._store.connection() as conn:
+                    row = (conn.execute(*start)).fetchone()
+            except psycopg.Error as exc:
+                # Nothing to retry yet: the caller learns at once (closed store,
+                # server away, privileges), as from any other store call.
+                raise driver_error(exc, dsn=self._dsn) from exc
         self._state = self._start_state(row)
         subscription = self._subscription = subscribe(self._hub_key, self._mailbox)
         self._hub = self._seen_hub = subscription.hub

@@ -365,3 +365,12 @@ def test_a_tuning_is_accepted_everywhere(backend: Backend, rid: str) -> None:
     with watcher(backend, tuning=tiny) as w:
         write(backend, rid, 3)
         assert [e.revision for e in drain(w, 3)] == [1, 2, 3]
+
+
+def test_a_watcher_on_a_closed_store_raises_a_pglease_error(backend: Backend) -> None:
+    backend.store.close()
+    for after in ("now", "start"):
+        with pytest.raises(PgleaseError) as refused:
+            w = watcher(backend, after=after)
+            w.get(DEADLINE)
+        assert "closed" in str(refused.value) or "not open" in str(refused.value)
