@@ -117,7 +117,8 @@ class Watcher(WatcherBase):
         if (start := self._start_query()) is not None:
             try:
                 with self._store.connection() as conn:
-                    row = (conn.execute(*start)).fetchone()
+                    cur = conn.execute(*start)
+                    row = cur.fetchone()
             except psycopg.Error as exc:
                 # Nothing to retry yet: the caller learns at once (closed store,
                 # server away, privileges), as from any other store call.

@@ -116,7 +116,8 @@ class AsyncWatcher(WatcherBase):
         if (start := self._start_query()) is not None:
             try:
                 async with self._store.connection() as conn:
-                    row = await (await conn.execute(*start)).fetchone()
+                    cur = await conn.execute(*start)
+                    row = await cur.fetchone()
             except psycopg.Error as exc:
                 # Nothing to retry yet: the caller learns at once (closed store,
                 # server away, privileges), as from any other store call.
