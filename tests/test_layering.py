@@ -39,8 +39,6 @@ KNOWN_UPWARD = {
     ("pglease.postgres.async_store", "pglease.fleet"): "store facade methods",
     ("pglease.postgres.async_store", "pglease.watch"): "store facade methods",
     ("pglease.postgres.async_store", "pglease.watch.hub"): "store facade methods",
-    # SQLite's watcher reuses the watch package's sans-I/O core.
-    ("pglease.sqlite.watch", "pglease.watch._core"): "sans-I/O watch core",
 }
 
 

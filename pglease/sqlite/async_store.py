@@ -26,6 +26,7 @@ AsyncApply = Callable[[sqlite3.Connection], Awaitable[T]]
 
 
 if TYPE_CHECKING:
+    from .._watch_common import HubTuning
     from ..clock import Clock
     from .watch import AsyncSqliteWatcher
 
@@ -206,12 +207,21 @@ class AsyncSqliteStore:
         types: Iterable[str] | str | None = None,
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
-        interval: float = 0.05,
+        mode: str | None = None,
+        interval: float | None = None,
+        max_pending: int = 10_000,
         retry_window: float = 30.0,
         clock: Clock | None = None,
+        tuning: HubTuning | None = None,
     ) -> AsyncSqliteWatcher:
         """Stream committed events from `after` (a cursor, "now" or "start") by polling
-        the event table every `interval` seconds; see `pglease.sqlite.watch`."""
+        the event table every `interval` seconds (50 ms default).
+
+        The arguments are `PostgresStore.watch`'s: `mode` None or "poll" (SQLite
+        has no LISTEN: "listen" is refused), at most `max_pending` events read
+        and not handed out (a watcher further behind reads the rest later,
+        nothing is lost), `tuning` accepted and unused (no hub). See
+        `pglease.sqlite.watch`."""
         from .watch import AsyncSqliteWatcher
 
         return AsyncSqliteWatcher(
@@ -220,9 +230,12 @@ class AsyncSqliteStore:
             types=types,
             resources=resources,
             event_types=event_types,
+            mode=mode,
             interval=interval,
+            max_pending=max_pending,
             retry_window=retry_window,
             clock=clock,
+            tuning=tuning,
         )
 
 
