@@ -33,6 +33,7 @@ EXPECTED = {
     "session_lanes.py": r"forked \S+ 2 entries",
     "session_layer.py": r"forked True",
     "sqlite_store.py": r"held by h1, refused to h2, released",
+    "sqlite_watch.py": r"watched run\.started",
     "store_basics.py": r"generation \d+ revision \d+",
     "watch.py": r"seen lease\.claimed\nresumed with lease\.released",
 }
