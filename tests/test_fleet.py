@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -25,6 +24,8 @@ from pglease import (
 )
 from pglease.clock import FakeClock
 from pglease.fleet import Keeper, Timing, acquire, elect, hold, leader
+
+from ._pg_where import PgWhere
 
 A = Owner("host", "a")
 B = Owner("host", "b")
@@ -123,19 +124,13 @@ def test_takeover_is_immediate_loss(pg_store: PostgresStore) -> None:
     assert state.lease.owner == B and state.lease.generation == 2
 
 
-@dataclass
-class _Where:
-    dsn: str
-    schema: str
-
-
 def test_unreachable_database_closes_trust_window(pg_store: PostgresStore) -> None:
     """A keeper that cannot reach its database loses its leases on its own clock
     (`hold` would have refused to claim: `connect` fails at once)."""
     rid = pg_store.ensure_resource("run", "r4")
     claim = pg_store.claim(rid, A, 1.0)
     assert claim is not None
-    dead = _Where("postgresql://nobody@127.0.0.1:9/none?connect_timeout=1", pg_store.schema)
+    dead = PgWhere("postgresql://nobody@127.0.0.1:9/none?connect_timeout=1", pg_store.schema)
     with Keeper(dead, connect_timeout=1) as keeper:
         with pytest.raises(DatabaseUnavailableError, match="keeper: cannot connect"):
             keeper.connect()

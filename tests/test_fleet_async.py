@@ -13,6 +13,8 @@ from pglease.clock import FakeClock
 from pglease.errors import InvalidTimingError
 from pglease.fleet import AsyncKeeper, acquire_async, elect_async, hold_async, leader_async
 
+from ._pg_where import PgWhere
+
 A = Owner("host", "a")
 B = Owner("host", "b")
 FAR = datetime.now(UTC) + timedelta(days=1)
@@ -91,13 +93,12 @@ async def test_async_trust_window_closes_without_database(apg_store: AsyncPostgr
     claim = await apg_store.claim(rid, A, 1.0)
     assert claim is not None
 
-    class Dead:
-        dsn = "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1"
-        schema = apg_store.schema
-
     from pglease.fleet import Timing
 
-    keeper = AsyncKeeper(Dead(), connect_timeout=1)
+    dead = PgWhere(
+        "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1", apg_store.schema, is_async=True
+    )
+    keeper = AsyncKeeper(dead, connect_timeout=1)
     try:
         lease = keeper.add(claim, Timing.of(1.0), time.monotonic())
         assert await lease.wait_lost(10)

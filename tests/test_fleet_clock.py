@@ -198,7 +198,7 @@ def test_one_round_trip_renews_many(
 def test_keeper_reconnects_after_its_backend_is_terminated(
     pg_store: PostgresStore, clock: FakeClock, keeper: Keeper
 ) -> None:
-    from pglease.fleet.keeper import application_name
+    from pglease.postgres.runtime import application_name
 
     def backends() -> list[int]:
         with pg_store.connection() as conn:

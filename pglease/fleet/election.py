@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError, UnknownResourceError
 from ..ids import resource_id
@@ -168,7 +166,7 @@ class Election:
                 )  # fmt: skip
             except AcquireTimeoutError:
                 break
-            except (PgleaseError, psycopg.Error, OSError) as exc:
+            except (PgleaseError, OSError) as exc:
                 log.warning("election %s: campaign failed, retrying: %s", self.name, exc)
                 self._stop.wait(_RETRY)
                 continue
@@ -190,7 +188,7 @@ class Election:
                     # another candidate can be elected.
                     _call(self._on_deposed, lease, "on_deposed")
                     deposed = True
-                    with contextlib.suppress(LeaseLostError, PgleaseError, psycopg.Error):
+                    with contextlib.suppress(LeaseLostError, PgleaseError):
                         self._store.release(lease.claim)
                 lease._close("resigned")
             if not deposed:
@@ -302,7 +300,7 @@ class AsyncElection:
                     self._store, ELECTION_TYPE, self.name, self.candidate, self.timing.ttl,
                     None, self._fair, True, keeper.clock,
                 )  # fmt: skip
-            except (PgleaseError, psycopg.Error, OSError) as exc:
+            except (PgleaseError, OSError) as exc:
                 log.warning("election %s: campaign failed, retrying: %s", self.name, exc)
                 await asyncio.sleep(_RETRY)
                 continue
@@ -325,7 +323,7 @@ class AsyncElection:
                     # Deposed before the release, as in the sync twin.
                     _call(self._on_deposed, lease, "on_deposed")
                     deposed = True
-                    with contextlib.suppress(LeaseLostError, PgleaseError, psycopg.Error):
+                    with contextlib.suppress(LeaseLostError, PgleaseError):
                         await self._store.release(lease.claim)
                 lease._close("resigned")
             if not deposed:

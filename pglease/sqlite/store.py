@@ -191,6 +191,50 @@ def _bump(
     return int(row[0]), cur.lastrowid
 
 
+def claim_locked(
+    conn: sqlite3.Connection,
+    lease: _Lease,
+    otype: str,
+    oid: str,
+    token_sha: bytes,
+    ttl_s: float,
+    t: int,
+) -> tuple[int, int, int] | None:
+    """Under the write lock, at store time `t`: take `lease` unless it is live.
+
+    Returns (generation, expires_at, revision) of the new claim, or None.
+    """
+    rid = lease.resource_id
+    if lease.live(t):
+        return None
+    if lease.owner_id is not None:
+        # A holder still recorded ran out without a release: record that
+        # generation's expiry first, as the PostgreSQL claim does (sql/0007)
+        # so both backends give watchers the same history. SQLite has no
+        # reaper, so no earlier `lease.expired` for it can exist.
+        _bump(
+            conn,
+            rid,
+            t,
+            "lease.expired",
+            lease.owner_type,
+            lease.owner_id,
+            lease.generation,
+            lease.expires_at,
+            None,
+        )
+    generation = lease.generation + 1
+    expires = t + ttl_us(ttl_s)
+    conn.execute(
+        "UPDATE leases SET generation = ?, owner_type = ?, owner_id = ?,"
+        " token_sha256 = ?, acquired_at = ?, heartbeat_at = ?, expires_at = ?"
+        " WHERE resource_id = ?",
+        (generation, otype, oid, token_sha, t, t, expires, rid),
+    )
+    revision, _ = _bump(conn, rid, t, "lease.claimed", otype, oid, generation, expires, None)
+    return generation, expires, revision
+
+
 def _store_payload(conn: sqlite3.Connection, body: str, now: int) -> bytes:
     sha = hashlib.sha256(body.encode("utf-8")).digest()
     cur = conn.execute(
@@ -300,35 +344,10 @@ class SqliteStore:
             _check_revision(lease, expected)
             # Judge expiry after the lock wait.
             t = clock_us(given_now)
-            if lease.live(t):
-                return None
-            if lease.owner_id is not None:
-                # A holder still recorded ran out without a release: record that
-                # generation's expiry first, as the PostgreSQL claim does (sql/0007)
-                # so both backends give watchers the same history. SQLite has no
-                # reaper, so no earlier `lease.expired` for it can exist.
-                _bump(
-                    conn,
-                    rid,
-                    t,
-                    "lease.expired",
-                    lease.owner_type,
-                    lease.owner_id,
-                    lease.generation,
-                    lease.expires_at,
-                    None,
-                )
-            generation = lease.generation + 1
-            expires = t + ttl_us(ttl_s)
-            conn.execute(
-                "UPDATE leases SET generation = ?, owner_type = ?, owner_id = ?,"
-                " token_sha256 = ?, acquired_at = ?, heartbeat_at = ?, expires_at = ?"
-                " WHERE resource_id = ?",
-                (generation, otype, oid, token_sha, t, t, expires, rid),
-            )
-            revision, _ = _bump(
-                conn, rid, t, "lease.claimed", otype, oid, generation, expires, None
-            )
+            taken = claim_locked(conn, lease, otype, oid, token_sha, ttl_s, t)
+        if taken is None:
+            return None
+        generation, expires, revision = taken
         return Claim(rid, owner, token, generation, from_us(expires), revision)
 
     def renew(
