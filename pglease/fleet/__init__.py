@@ -55,6 +55,7 @@ Clock
     `FakeClock` moved by a test is acted on at the next wake-up.
 """
 
+from ..driver.runtime_api import RuntimeEntryPoints, provide
 from ._keeper_core import KeeperStats
 from ._timing import FAKE_CLOCK_TICK, Timing
 from .acquire import acquire, acquire_async, hold, hold_async
@@ -70,6 +71,21 @@ from .election import (
 )
 from .keeper import AsyncKeeper, Keeper
 from .lease import AsyncHeldLease, HeldLease
+
+# The stores' facade methods (`SqliteStore.hold`, ...) reach the runtime
+# through this registration, never by importing it (they sit below it).
+provide(
+    RuntimeEntryPoints(
+        hold=hold,
+        hold_async=hold_async,
+        acquire=acquire,
+        acquire_async=acquire_async,
+        elect=elect,
+        elect_async=elect_async,
+        leader=leader,
+        leader_async=leader_async,
+    )
+)
 
 __all__ = [
     "ELECTION_TYPE",

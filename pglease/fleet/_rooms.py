@@ -267,7 +267,8 @@ def join_sync(
     """Join this process's room for (store, rid, clock), creating it if needed;
     then call `room.await_ready` before the first attempt."""
     # The pid: a forked child must not join its parent's rooms (no thread there).
-    key = (os.getpid(), id(store), store.schema, rid, clock)
+    # The driver: the room's feed comes from it (one per store object).
+    key = (os.getpid(), id(store), store.runtime_driver(), rid, clock)
     with _sync_lock:
         room = _sync_rooms.get(key)
         if room is None or room.closed or room.store is not store:
@@ -379,7 +380,7 @@ def join_async(
     """The asyncio twin of `join_sync`: join the running loop's room for (store,
     rid, clock); then await `room.await_ready` before the first attempt."""
     loop = asyncio.get_running_loop()
-    key = (os.getpid(), id(loop), id(store), store.schema, rid, clock)
+    key = (os.getpid(), id(loop), id(store), store.runtime_driver(), rid, clock)
     room = _async_rooms.get(key)
     if room is None or room.closed or room.store is not store or room.loop is not loop:
         room = _async_rooms[key] = AsyncRoom(store, rid, key, clock)

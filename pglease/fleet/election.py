@@ -19,11 +19,10 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from ..clock import SYSTEM_CLOCK, Clock
+from ..driver.runtime_api import Leader as Leader
 from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError, UnknownResourceError
 from ..ids import resource_id
 from ..types import Owner, ResourceState
@@ -37,15 +36,6 @@ log = logging.getLogger("pglease.fleet")
 #: The resource type elections use; the election name is the key.
 ELECTION_TYPE = "election"
 _RETRY = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class Leader:
-    """The current leader of an election and its term (the lease generation)."""
-
-    owner: Owner
-    generation: int
-    expires_at: datetime
 
 
 def _leader_of(state: ResourceState) -> Leader | None:

@@ -20,13 +20,14 @@ import hmac
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _common, _instrument, cursor_check
 from ..cursors import Cursor, parse_cursor
+from ..driver.runtime_api import Leader, runtime
 from ..errors import (
     InvalidCursorError,
     LeaseExpiredError,
@@ -88,6 +89,7 @@ def _parse_event(row: Sequence[Any]) -> Event:
 
 if TYPE_CHECKING:
     from ..clock import Clock
+    from .runtime import SqliteRuntime
     from .watch import SqliteWatcher
 
 
@@ -266,6 +268,7 @@ class SqliteStore:
         self.path = check_path(path)
         self.busy_timeout = check_busy_timeout(busy_timeout)
         self._db = Database(self.path, self.busy_timeout)
+        self._runtime: SqliteRuntime | None = None
         try:
             self._db.open()
             if auto_migrate:
@@ -564,6 +567,45 @@ class SqliteStore:
             _EVENT_SELECT + " WHERE e.id > ? ORDER BY e.id LIMIT ?", (event_id, limit)
         ).fetchall()
         return [_parse_event(r) for r in rows]
+
+    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+
+    def runtime_driver(self) -> SqliteRuntime:
+        """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
+        if self._runtime is None:
+            from .runtime import SqliteRuntime
+
+            self._runtime = SqliteRuntime(self)
+        return self._runtime
+
+    def hold(
+        self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
+    ) -> AbstractContextManager[Any]:
+        """Hold a lease for a block, renewed by the store's keeper thread: ``with
+        store.hold(type, key, owner, ttl) as lease:``; see `pglease.fleet.hold`."""
+        return runtime().hold(self, resource_type, key, owner, ttl, **options)
+
+    def acquire(
+        self,
+        resource_type: str,
+        key: str,
+        owner: Owner,
+        ttl: float,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Claim:
+        """Wait for the lease and claim it (``fair=True``: in arrival order, across
+        processes); see `pglease.fleet.acquire`."""
+        return runtime().acquire(self, resource_type, key, owner, ttl, timeout, **options)
+
+    def elect(self, name: str, candidate: Owner, **options: Any) -> Any:
+        """Campaign for leadership of `name` (a running `pglease.fleet.Election`);
+        see `pglease.fleet.elect`."""
+        return runtime().elect(self, name, candidate, **options)
+
+    def leader(self, name: str) -> Leader | None:
+        """The current leader of election `name` and its generation, if any."""
+        return runtime().leader(self, name)
 
     def watch(
         self,
