@@ -64,7 +64,7 @@ from ..driver import (
 )
 from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError, ValidationError
 from ..types import Claim, Owner
-from ..validation import check_timeout
+from ..validation import check_timeout, check_ttl
 from ._rooms import AsyncRoom, Member, SyncRoom, join_async, join_sync
 from ._timing import Timing, real_wait
 from .keeper import AsyncKeeper, Keeper
@@ -289,6 +289,7 @@ def _acquire_loop(
     clock: Clock,
 ) -> tuple[Claim, float]:
     timeout = _check_timeout(timeout)
+    ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
     deadline = None if timeout is None else clock.monotonic() + timeout
     rid = store.ensure_resource(resource_type, key)
     driver = store.runtime_driver()
@@ -501,6 +502,7 @@ async def _acquire_loop_async(
     clock: Clock,
 ) -> tuple[Claim, float]:
     timeout = _check_timeout(timeout)
+    ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
     deadline = None if timeout is None else clock.monotonic() + timeout
     rid = await store.ensure_resource(resource_type, key)
     driver = store.runtime_driver()
