@@ -135,7 +135,7 @@ class KeeperCore(Generic[L]):
 
     def items(self, batch: Sequence[L]) -> list[HeartbeatItem]:
         """The batch as the driver's heartbeat parameters."""
-        return [HeartbeatItem(lease.claim, lease.timing.ttl) for lease in batch]
+        return [lease.heartbeat_item for lease in batch]
 
     def on_rows(
         self,

@@ -117,7 +117,8 @@ def _batch_args(batch: Sequence[HeartbeatItem]) -> list[Any]:
 
 
 def _results(rows: Sequence[Sequence[Any]]) -> list[HeartbeatResult]:
-    return [HeartbeatResult(r[0], r[1], r[2], r[3]) for r in rows]
+    # Each row is (resource_id, status, expires_at, current_generation).
+    return [HeartbeatResult(*row) for row in rows]
 
 
 def _release_args(claim: Claim) -> list[Any]:
