@@ -25,9 +25,9 @@ Heartbeats
     SQLite: one write transaction), every ttl/3 by default, from a dedicated
     thread (`AsyncKeeper`: a task) on its own line to the database (a
     dedicated connection on PostgreSQL). A heartbeat extends the expiry only:
-    it is not a change of the resource, so it neither bumps the revision nor writes an event, and a
-    holder's cached revision stays valid for its own `expected_revision`
-    writes. The explicit `store.renew()` keeps bumping the revision and
+    it is not a change of the resource, so it neither bumps the revision nor
+    writes an event, and a holder's cached revision stays valid for its own
+    `expected_revision` writes. The explicit `store.renew()` keeps bumping the revision and
     writing `lease.renewed`.
 
 Trust window
