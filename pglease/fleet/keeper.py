@@ -51,8 +51,9 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from .. import _instrument
 from ..clock import SYSTEM_CLOCK, Clock
@@ -69,6 +70,8 @@ from ._timing import Timing, real_wait
 from .lease import AsyncHeldLease, HeldLease
 
 log = logging.getLogger("pglease.fleet")
+
+T = TypeVar("T")
 
 #: A best-effort release on the keeper's line is abandoned after this.
 RELEASE_LIMIT = 5.0
@@ -248,7 +251,7 @@ class Keeper:
             if batch:
                 self._beat(batch)
 
-    def _execute(self, limit: float, call: Any, *args: Any) -> Any:
+    def _execute(self, limit: float, call: Callable[..., T], *args: Any) -> T:
         """Run one call on the keeper's line; the watchdog aborts it after
         `limit` seconds (blocking driver calls have no client timeout)."""
         with self._cond:
@@ -270,7 +273,7 @@ class Keeper:
                 self._core.items(batch),
             )
         except (PgleaseError, OSError) as exc:
-            # The channel dropped a broken connection itself; the next beat reconnects.
+            self._channel.close()  # the next beat reconnects
             with self._cond:
                 self._core.on_error(batch, exc)
             return
@@ -281,8 +284,12 @@ class Keeper:
 
     def _release_quietly(self, claim: Claim) -> None:
         """Best effort: a lease lost by the local clock may still be current in the database."""
-        with contextlib.suppress(PgleaseError, OSError):
+        try:
             self._execute(RELEASE_LIMIT, self._channel.release, claim)
+        except LeaseLostError:
+            pass  # already gone in the database: nothing to give back
+        except (PgleaseError, OSError):
+            self._channel.close()
 
 
 class AsyncKeeper:
@@ -394,7 +401,7 @@ class AsyncKeeper:
             except TimeoutError:
                 pass
 
-    async def _execute(self, limit: float, call: Any, *args: Any) -> Any:
+    async def _execute(self, limit: float, call: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run one call on the keeper's line; after `limit` seconds the channel
         is told to abort it (a loop timer: nothing here waits for the network)."""
 
@@ -432,8 +439,10 @@ class AsyncKeeper:
             async with asyncio.timeout(RELEASE_LIMIT + self._connect_timeout):
                 await self._channel.connect()
             await self._execute(RELEASE_LIMIT, self._channel.release, claim)
+        except LeaseLostError:
+            pass  # already gone in the database: nothing to give back
         except (PgleaseError, OSError, TimeoutError):
-            pass  # best effort: the lease runs out by itself
+            await self._channel.close()  # best effort: the lease runs out by itself
 
 
 __all__ = ["AsyncKeeper", "AsyncStoreInfo", "Keeper", "LeaseLostError", "StoreInfo"]
