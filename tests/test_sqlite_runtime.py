@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pglease import Owner, SqliteStore, StoreBusyError, resource_id
+from pglease import Owner, SqliteStore, StoreBusyError, StoreClosedError, resource_id
 from pglease.driver import ClaimRequest, HeartbeatItem, LeaveQueue
 
 from .test_errors_sqlite import write_lock_held
@@ -100,6 +100,16 @@ def test_a_claim_on_a_busy_file_is_busy_and_changes_nothing(tmp_path: Path) -> N
             with pytest.raises(StoreBusyError):
                 line.heartbeat([])
         assert store.get(rid).lease.generation == 0
+
+
+def test_hold_on_a_closed_store_fails_before_claiming(tmp_path: Path) -> None:
+    path = tmp_path / "closed.sqlite"
+    store = SqliteStore(path)
+    store.close()
+    with pytest.raises(StoreClosedError), store.hold("run", "x", A, 5):
+        pytest.fail("the body must not run")
+    with SqliteStore(path) as reopened:
+        assert reopened.list_resources() == []
 
 
 def test_an_older_file_gets_the_queue_table(tmp_path: Path) -> None:

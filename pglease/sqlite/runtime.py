@@ -146,11 +146,17 @@ class SqliteHeartbeatChannel:
         self._store = store
         self._lock = threading.Lock()
         self._inflight: sqlite3.Connection | None = None
+        #: The file answered once since the last `close`: `connect` is free then
+        #: (the asyncio keeper calls it before every beat).
+        self._checked = False
 
     def connect(self) -> None:
-        # Opens (and returns) a connection: a closed store or a bad file fails here.
+        if self._checked:
+            return
+        # A closed store, a bad file or one without the runtime's tables fails here.
         with self._store._db.connection() as conn:
             conn.execute("SELECT 1 FROM lease_waiters LIMIT 0")
+        self._checked = True
 
     def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         results: list[HeartbeatResult] = []
@@ -200,7 +206,7 @@ class SqliteHeartbeatChannel:
                 self._inflight.interrupt()  # its statement fails; the beat rolls back
 
     def close(self) -> None:
-        return None
+        self._checked = False
 
 
 class SqliteRuntime:
@@ -235,7 +241,9 @@ class AsyncSqliteHeartbeatChannel:
         return self._line
 
     async def connect(self) -> None:
-        await asyncio.to_thread(self._sync().connect)
+        line = self._sync()
+        if not line._checked:
+            await asyncio.to_thread(line.connect)
 
     async def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         return await asyncio.to_thread(self._sync().heartbeat, batch)
@@ -248,7 +256,8 @@ class AsyncSqliteHeartbeatChannel:
             self._line.abort()
 
     async def close(self) -> None:
-        return None
+        if self._line is not None:
+            self._line.close()
 
 
 class AsyncSqliteRuntime:
