@@ -12,8 +12,8 @@ until the expiry.
 
 Fairness (``fair=True``): the waiter enqueues in the resource's queue
 (PostgreSQL: `claim_fair`, migration 0005; SQLite: its lease_waiters table)
-and may claim only as the head of the live
-queue, so fair waiters are served in the order they arrived, across hosts.
+and may claim only as the head of the live queue, so fair waiters are served
+in the order they arrived, across hosts (SQLite: across processes).
 Besides the wake-ups above a fair waiter also wakes when the head's queue
 entry would run out (a dead head), and every third of its own entry's ttl to
 refresh it. On timeout, error or cancellation its entry is deleted.
