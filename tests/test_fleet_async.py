@@ -1,10 +1,12 @@
-"""Asyncio twins of the fleet runtime, on real PostgreSQL."""
+"""Asyncio twins of the fleet runtime, on real PostgreSQL (and SQLite where a
+test takes `astore`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -14,18 +16,13 @@ from pglease.errors import InvalidTimingError
 from pglease.fleet import AsyncKeeper, acquire_async, elect_async, hold_async, leader_async
 
 from ._pg_where import PgWhere
+from ._runtime_stores import astore, queued
+
+__all__ = ["astore"]  # a fixture: the tests taking `astore` run on PostgreSQL and SQLite
 
 A = Owner("host", "a")
 B = Owner("host", "b")
 FAR = datetime.now(UTC) + timedelta(days=1)
-
-
-async def _waiters(store: AsyncPostgresStore) -> int:
-    async with store.connection() as conn:
-        cur = await conn.execute(f'SELECT count(*) FROM "{store.schema}".lease_waiters')
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 async def test_hold_async_heartbeats_and_releases(apg_store: AsyncPostgresStore) -> None:
@@ -108,34 +105,32 @@ async def test_async_trust_window_closes_without_database(apg_store: AsyncPostgr
         await keeper.aclose()
 
 
-async def test_bad_timing_async(apg_store: AsyncPostgresStore) -> None:
+async def test_bad_timing_async(astore: Any) -> None:
     with pytest.raises(InvalidTimingError):
-        async with hold_async(apg_store, "run", "t", A, 1.0, margin=0.5):
+        async with hold_async(astore, "run", "t", A, 1.0, margin=0.5):
             pass
 
 
 @pytest.mark.parametrize("fair", [False, True])
-async def test_acquire_async_timeout_and_cancel_leave_nothing(
-    apg_store: AsyncPostgresStore, fair: bool
-) -> None:
-    async with hold_async(apg_store, "run", "busy", A, 30) as lease:
-        before = await apg_store.get(lease.resource_id)
+async def test_acquire_async_timeout_and_cancel_leave_nothing(astore: Any, fair: bool) -> None:
+    async with hold_async(astore, "run", "busy", A, 30) as lease:
+        before = await astore.get(lease.resource_id)
         with pytest.raises(AcquireTimeoutError):
-            await acquire_async(apg_store, "run", "busy", B, 5, timeout=0.5, fair=fair)
-        assert await _waiters(apg_store) == 0
-        task = asyncio.ensure_future(acquire_async(apg_store, "run", "busy", B, 5, fair=fair))
+            await acquire_async(astore, "run", "busy", B, 5, timeout=0.5, fair=fair)
+        assert queued(astore) == 0
+        task = asyncio.ensure_future(acquire_async(astore, "run", "busy", B, 5, fair=fair))
         await asyncio.sleep(0.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await _waiters(apg_store) == 0
-        after = await apg_store.get(lease.resource_id)
+        assert queued(astore) == 0
+        after = await astore.get(lease.resource_id)
         assert after.revision == before.revision and after.lease.owner == A
 
 
-async def test_acquire_async_wakes_on_release(apg_store: AsyncPostgresStore) -> None:
-    async with hold_async(apg_store, "run", "rel", A, 60) as lease:
-        waiter = asyncio.ensure_future(acquire_async(apg_store, "run", "rel", B, 5, timeout=30))
+async def test_acquire_async_wakes_on_release(astore: Any) -> None:
+    async with hold_async(astore, "run", "rel", A, 60) as lease:
+        waiter = asyncio.ensure_future(acquire_async(astore, "run", "rel", B, 5, timeout=30))
         await asyncio.sleep(0.5)
         released_at = time.monotonic()
     claim = await waiter

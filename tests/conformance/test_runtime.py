@@ -10,77 +10,30 @@ driven by a `FakeClock` where it can be, and every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import psycopg
 import pytest
 
 from pglease import (
     AcquireTimeoutError,
-    AsyncPostgresStore,
-    AsyncSqliteStore,
     InvalidTTLError,
     LeaseLostError,
     Owner,
-    PostgresStore,
-    SqliteStore,
     resource_id,
 )
 from pglease.clock import FakeClock
+
+from .._runtime_stores import astore, queued, store
+
+__all__ = ["astore", "store"]  # fixtures, used by name
 
 A = Owner("host", "a")
 B = Owner("host", "b")
 C = Owner("host", "c")
 D = Owner("host", "d")
-
-#: The runtime's backends; each test runs on both, its async twin likewise.
-RUNTIME_BACKENDS = ["postgres", "sqlite"]
-
-
-@pytest.fixture(params=RUNTIME_BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "postgres":
-        dsn = request.getfixturevalue("pg_dsn")
-        schema = request.getfixturevalue("schema")
-        with PostgresStore(dsn, schema=schema, max_size=8) as pg:
-            yield pg
-    else:
-        with SqliteStore(tmp_path / "runtime.sqlite") as lite:
-            yield lite
-
-
-@pytest.fixture(params=RUNTIME_BACKENDS)
-async def astore(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "postgres":
-        dsn = request.getfixturevalue("pg_dsn")
-        schema = request.getfixturevalue("schema")
-        async with AsyncPostgresStore(dsn, schema=schema, max_size=8) as pg:
-            yield pg
-    else:
-        async with AsyncSqliteStore(tmp_path / "runtime.sqlite") as lite:
-            yield lite
-
-
-def queued(store: Any, rid: str) -> int:
-    """Fair-queue entries of `rid`, read straight from the database."""
-    if isinstance(store, PostgresStore | AsyncPostgresStore):
-        with psycopg.connect(store.dsn) as conn:
-            row = conn.execute(
-                f'SELECT count(*) FROM "{store.schema}".lease_waiters WHERE resource_id = %s',
-                [rid],
-            ).fetchone()
-    else:
-        with sqlite3.connect(store.path) as lite:
-            row = lite.execute(
-                "SELECT count(*) FROM lease_waiters WHERE resource_id = ?", (rid,)
-            ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 def eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
