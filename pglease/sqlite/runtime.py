@@ -14,7 +14,10 @@ role `clock_timestamp()` plays on PostgreSQL, and reported as
 * heartbeat: ``heartbeat`` likewise; with one writer per file no row is ever
   locked by someone else, so no lease is reported 'busy' (a beat that waits
   for the write lock past ``busy_timeout`` fails as a whole and the keeper
-  retries it);
+  retries it). The keeper's cut-off (`abort`) interrupts a running statement
+  but not a wait for the write lock (sqlite3_interrupt does not end a busy
+  wait): that wait is bounded by ``busy_timeout`` alone, and the keeper's
+  watchdog closes trust windows on time meanwhile, as on PostgreSQL;
 * changes: the store's polling watcher (`pglease.sqlite.watch`), which reads
   the file itself, so releases by other processes wake waiters too.
 """
