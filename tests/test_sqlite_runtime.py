@@ -183,3 +183,59 @@ def test_second_process_acquires_after_the_first_releases(tmp_path: Path, mode: 
             ("lease.released", "p1"),
             ("lease.claimed", "p2"),
         ]
+
+
+_CANDIDATE = """
+import sys
+from pglease import Owner, SqliteStore
+with SqliteStore(sys.argv[1]) as store:
+    election = store.elect("sched", Owner("host", sys.argv[2]), ttl=600)
+    print("candidate", flush=True)
+    assert election.wait_elected(120)
+    print("elected", election.lease.generation, flush=True)
+    sys.stdin.readline()  # the test says when to resign
+    election.stop(resign=True)
+"""
+
+
+def test_an_election_across_processes_hands_over_on_resignation(tmp_path: Path) -> None:
+    path = str(tmp_path / "elect.sqlite")
+    SqliteStore(path).close()
+    procs: list[subprocess.Popen[str]] = []
+
+    def candidate(name: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CANDIDATE, path, name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "candidate"
+        return proc
+
+    try:
+        p1 = candidate("p1")
+        assert p1.stdout is not None and p1.stdout.readline().strip() == "elected 1"
+        p2 = candidate("p2")
+        with SqliteStore(path) as store:
+            leader = store.leader("sched")
+            assert leader is not None and leader.owner == Owner("host", "p1")
+            assert p1.stdin is not None
+            p1.stdin.write("\n")
+            p1.stdin.flush()
+            assert p1.wait(60) == 0
+            # The lease had 600 s to run: p2 was elected by p1's resignation.
+            assert p2.stdout is not None and p2.stdout.readline().strip() == "elected 2"
+            leader = store.leader("sched")
+            assert leader is not None and leader.owner == Owner("host", "p2")
+            assert p2.stdin is not None
+            p2.stdin.write("\n")
+            p2.stdin.flush()
+            assert p2.wait(60) == 0
+            assert store.leader("sched") is None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
