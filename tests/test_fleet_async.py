@@ -25,32 +25,32 @@ B = Owner("host", "b")
 FAR = datetime.now(UTC) + timedelta(days=1)
 
 
-async def test_hold_async_heartbeats_and_releases(apg_store: AsyncPostgresStore) -> None:
+async def test_hold_async_heartbeats_and_releases(astore: Any) -> None:
     # Real time, ttl 6 s: a stall of a loaded host for a few seconds must not lose it.
-    async with hold_async(apg_store, "run", "r1", A, 6.0) as lease:
+    async with hold_async(astore, "run", "r1", A, 6.0) as lease:
         revision = lease.claim.revision
         end = time.monotonic() + 60
         while lease.renewals < 1:
             assert time.monotonic() < end and not lease.lost.is_set()
             await asyncio.sleep(0.05)
         lease.check()
-        state = await apg_store.get(lease.resource_id)
+        state = await astore.get(lease.resource_id)
         assert state.lease.held and state.revision == revision
-    state = await apg_store.get(lease.resource_id)
+    state = await astore.get(lease.resource_id)
     assert not state.lease.held
     assert lease.lost.is_set()
 
 
-async def test_hold_async_takeover_signals(apg_store: AsyncPostgresStore) -> None:
+async def test_hold_async_takeover_signals(astore: Any) -> None:
     seen: list[LeaseLostError] = []
     clock = FakeClock()
-    keeper = AsyncKeeper(apg_store, clock=clock)
+    keeper = AsyncKeeper(astore, clock=clock)
     try:
         with pytest.raises(LeaseLostError, match="left after the loss"):
             async with hold_async(
-                apg_store, "run", "r2", A, 30, on_lost=seen.append, keeper=keeper
+                astore, "run", "r2", A, 30, on_lost=seen.append, keeper=keeper
             ) as lease:
-                assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
+                assert await astore.claim(lease.resource_id, B, 60, now=FAR) is not None
                 clock.advance(lease.timing.interval)  # the next beat is due
                 assert await lease.wait_lost(30)
                 with pytest.raises(LeaseLostError, match="no longer has it"):
@@ -61,15 +61,15 @@ async def test_hold_async_takeover_signals(apg_store: AsyncPostgresStore) -> Non
 
 
 async def test_async_trust_window_closes_on_the_fake_clock(
-    apg_store: AsyncPostgresStore,
+    astore: Any,
 ) -> None:
     clock = FakeClock()
     seen: list[LeaseLostError] = []
-    keeper = AsyncKeeper(apg_store, clock=clock)
+    keeper = AsyncKeeper(astore, clock=clock)
     try:
         with pytest.raises(LeaseLostError, match="trust window"):
             async with hold_async(
-                apg_store, "run", "tw", A, 30, on_lost=seen.append, keeper=keeper
+                astore, "run", "tw", A, 30, on_lost=seen.append, keeper=keeper
             ) as lease:
                 await asyncio.sleep(0.2)  # real time only: still trusted
                 lease.check()
@@ -139,13 +139,13 @@ async def test_acquire_async_wakes_on_release(astore: Any) -> None:
 
 
 @pytest.mark.parametrize("release_on_cancel", [False, True])
-async def test_cancelled_holder(apg_store: AsyncPostgresStore, release_on_cancel: bool) -> None:
+async def test_cancelled_holder(astore: Any, release_on_cancel: bool) -> None:
     entered = asyncio.Event()
     leases = []
 
     async def body() -> None:
         async with hold_async(
-            apg_store, "run", "c", A, 2.0, release_on_cancel=release_on_cancel
+            astore, "run", "c", A, 2.0, release_on_cancel=release_on_cancel
         ) as lease:
             leases.append(lease)
             entered.set()
@@ -158,21 +158,21 @@ async def test_cancelled_holder(apg_store: AsyncPostgresStore, release_on_cancel
         await task
     lease = leases[0]
     assert lease.lost.is_set()
-    state = await apg_store.get(lease.resource_id)
+    state = await astore.get(lease.resource_id)
     # Opt-in release; otherwise the lease is abandoned and runs out by itself.
     assert state.lease.held is (not release_on_cancel)
 
 
-async def test_async_election(apg_store: AsyncPostgresStore) -> None:
+async def test_async_election(astore: Any) -> None:
     log: list[str] = []
     e1 = await elect_async(
-        apg_store, "sched", A, ttl=6.0,
+        astore, "sched", A, ttl=6.0,
         on_elected=lambda x: log.append(f"a+{x.generation}"),
         on_deposed=lambda x: log.append(f"a-{x.generation}"),
     )  # fmt: skip
     assert await e1.wait_elected(20)
     e2 = await elect_async(
-        apg_store, "sched", B, ttl=6.0,
+        astore, "sched", B, ttl=6.0,
         on_elected=lambda x: log.append(f"b+{x.generation}"),
         on_deposed=lambda x: log.append(f"b-{x.generation}"),
     )  # fmt: skip
@@ -180,8 +180,8 @@ async def test_async_election(apg_store: AsyncPostgresStore) -> None:
     assert e1.is_leader and not e2.is_leader
     await e1.stop()
     assert await e2.wait_elected(20)
-    now = await leader_async(apg_store, "sched")
+    now = await leader_async(astore, "sched")
     assert now is not None and now.owner == B and now.generation == 2
     await e2.stop()
-    assert await leader_async(apg_store, "sched") is None
+    assert await leader_async(astore, "sched") is None
     assert log == ["a+1", "a-1", "b+2", "b-2"]
