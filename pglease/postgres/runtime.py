@@ -26,17 +26,19 @@ import socket
 import threading
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import psycopg
 from psycopg import sql
 
 from ..driver import (
+    AsyncRuntimeDriver,
     ClaimAttempt,
     ClaimRequest,
     HeartbeatItem,
     HeartbeatResult,
     LeaveQueue,
+    RuntimeDriver,
 )
 from ..errors import DatabaseUnavailableError, LeaseLostError, LockTimeoutError, PgleaseError
 from ..ids import token_hash
@@ -486,3 +488,12 @@ class AsyncPgRuntime:
     async def changes(self, resource_id: str, event_types: Sequence[str]) -> Any:
         watcher = self._store.watch(after="now", resources=resource_id, event_types=event_types)
         return await watcher.start()
+
+
+if TYPE_CHECKING:
+    # mypy checks here that both drivers implement the protocol.
+    def _sync_driver(driver: PgRuntime) -> RuntimeDriver:
+        return driver
+
+    def _async_driver(driver: AsyncPgRuntime) -> AsyncRuntimeDriver:
+        return driver

@@ -30,7 +30,15 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..driver import ClaimAttempt, ClaimRequest, HeartbeatItem, HeartbeatResult, LeaveQueue
+from ..driver import (
+    AsyncRuntimeDriver,
+    ClaimAttempt,
+    ClaimRequest,
+    HeartbeatItem,
+    HeartbeatResult,
+    LeaveQueue,
+    RuntimeDriver,
+)
 from ..driver.protocol import HeartbeatStatus
 from ..errors import LockTimeoutError
 from ..ids import token_hash
@@ -281,3 +289,12 @@ class AsyncSqliteRuntime:
     async def changes(self, resource_id: str, event_types: Sequence[str]) -> AsyncSqliteWatcher:
         watcher = self._store.watch(after="now", resources=resource_id, event_types=event_types)
         return await watcher.start()
+
+
+if TYPE_CHECKING:
+    # mypy checks here that both drivers implement the protocol.
+    def _sync_driver(driver: SqliteRuntime) -> RuntimeDriver:
+        return driver
+
+    def _async_driver(driver: AsyncSqliteRuntime) -> AsyncRuntimeDriver:
+        return driver
