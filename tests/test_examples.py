@@ -32,6 +32,10 @@ EXPECTED = {
     "pg_session_import.py": r"^\[\]$",
     "session_lanes.py": r"forked \S+ 2 entries",
     "session_layer.py": r"forked True",
+    "sqlite_fleet.py": (
+        r"^holding generation 1\nthen Claim\(.*generation=2.*\n"
+        r"leader Leader\(owner=Owner\(type='host', id='h1'\)"
+    ),
     "sqlite_store.py": r"held by h1, refused to h2, released",
     "sqlite_watch.py": r"watched run\.started",
     "store_basics.py": r"generation \d+ revision \d+",
