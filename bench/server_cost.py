@@ -138,7 +138,7 @@ def _ticks(pid: int, children: bool) -> int:
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     # utime, stime (and cutime, cstime: children the process has reaped)
-    return sum(int(x) for x in fields[11:15 if children else 13])
+    return sum(int(x) for x in fields[11 : 15 if children else 13])
 
 
 def _children(postmaster: int) -> dict[int, int]:

@@ -104,9 +104,7 @@ def write_history(conn: psycopg.Connection[Any], s: str) -> list[str]:
         )
     # An expired holder on ids[1], its expiry not recorded: the next claim
     # writes lease.expired then lease.claimed.
-    conn.execute(
-        f"SELECT {s}.claim(%s, 'host', 'b', %s, 0.001, NULL, NULL)", [ids[1], TOKEN]
-    )
+    conn.execute(f"SELECT {s}.claim(%s, 'host', 'b', %s, 0.001, NULL, NULL)", [ids[1], TOKEN])
     conn.execute("SELECT pg_sleep(0.01)")
     return ids
 
@@ -167,7 +165,7 @@ def test_upgrade_with_data_keeps_it_and_matches_a_fresh_schema(
             [ids[1], TOKEN],
         ).fetchone()
         assert c == (True, gen[ids[1]] + 1, rev[ids[1]] + 2)
-        new = events(conn, schema)[len(events_before):]
+        new = events(conn, schema)[len(events_before) :]
         assert [(e[2], e[3], e[4]) for e in new] == [
             (ids[0], rev[ids[0]] + 1, "lease.released"),
             (ids[1], rev[ids[1]] + 1, "lease.expired"),
