@@ -300,8 +300,9 @@ async def _fork_source(
     check_version(source_id, int(row[2]))
     rows = await (await conn.execute(q.all_registers, (source_id,))).fetchall()
     registers = tuple(register_from_row(r) for r in rows)
-    # Every entry the fork's shape depends on, in one round trip.
-    wanted = resolve_fork_lookups(registers, entry_id)
+    # Every entry the fork's shape depends on, in one round trip (a bad
+    # `entry_id` is left out here: `resolve_fork` refuses it by name).
+    wanted = resolve_fork_lookups(registers, entry_id if isinstance(entry_id, str) else None)
     found_rows = await (await conn.execute(q.entries_by_ids, (source_id, wanted))).fetchall()
     found = {r[0]: entry_from_row(r) for r in found_rows}
     shape = resolve_fork(registers, lambda ids: found, scope, entry_id, position)
