@@ -45,6 +45,9 @@ class LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run `coro` on the loop and wait for its result (bounded)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a blocking view was called on its own event loop (a callback?)")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(CALL_WAIT)
 
     def task_names(self) -> list[str]:
