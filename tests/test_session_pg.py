@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pglease import PostgresStore
+from pglease import PostgresStore, ValidationError
 from pglease.ids import resource_id
 from pglease.sessions import (
     AddUsage,
@@ -532,6 +532,23 @@ def test_wait_for_the_lease(flavour: Flavour) -> None:
     with pytest.raises(SessionAlreadyClaimedError):
         repo.open("s", wait=0.2)
     holder2.close()
+
+
+def test_waiting_for_the_lease_is_checked_and_bounded(flavour: Flavour) -> None:
+    repo = flavour.repo(lease_seconds=30, renew_interval=None)
+    with repo.create("s") as holder:
+        for bad in (-1, "soon", True, float("nan")):
+            with pytest.raises(ValidationError, match="wait must"):
+                repo.open("s", wait=bad)
+        with pytest.raises(ValidationError):
+            repo.open("s/x", wait=1)
+        started = time.monotonic()
+        with pytest.raises(
+            SessionAlreadyClaimedError, match=f"already claimed by writer {holder.owner_id}"
+        ):
+            repo.open("s", wait=0.3)
+        assert time.monotonic() - started >= 0.3  # it did wait, then gave up
+        holder.append_message(None, msg("still mine"))  # the waiter took nothing
 
 
 def test_list_info_and_delete(

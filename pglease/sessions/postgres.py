@@ -49,16 +49,18 @@ from typing import Any, TypeVar
 import psycopg
 
 from .._compat import Background, Event, Lock, fetched_in_thread, thread_lock, to_thread
-from .._compat import sleep as _sleep
 from ..errors import (
+    AcquireTimeoutError,
     LeaseLostError,
     PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
 )
+from ..fleet.acquire import _acquire
 from ..ids import resource_id
 from ..postgres import PostgresStore
 from ..types import Claim, Owner, Permit
+from ..validation import check_timeout
 from .branch_index import BranchQuery
 from .branch_index import scan_branch as _scan_branch
 from .errors import (
@@ -873,17 +875,30 @@ class PostgresSessionRepository:
         )
 
     def _claim(self, session_id: str, rid: str, wait: float | None) -> tuple[Claim, float]:
+        """Claim the writer lease for a new handle: (claim, monotonic start of the
+        request that won it). Held by another: `SessionAlreadyClaimedError`, at
+        once or, with `wait`, after waiting that long through the fleet runtime's
+        acquire (woken by the holder's release or expiry, not a poll)."""
         owner = Owner(OWNER_TYPE, new_owner_id())
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
+        if wait is None:
             started = time.monotonic()
             claim = self.store.claim(rid, owner, self.lease_seconds)
-            if claim is not None:
-                return claim, started
-            if deadline is None or started >= deadline:
+            if claim is None:
                 raise self._held_error(session_id, rid)
-            # A simple poll; the fleet runtime's blocking acquire wakes at expiry.
-            _sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+            return claim, started
+        try:
+            return _acquire(
+                self.store,
+                RESOURCE_TYPE,
+                session_id,
+                owner,
+                self.lease_seconds,
+                wait,
+                fair=False,
+                use_watcher=True,
+            )
+        except AcquireTimeoutError:
+            raise self._held_error(session_id, rid) from None
 
     def _handle(
         self, session_id: str, claim: Claim, started: float, revision: int, next_seq: int
@@ -910,9 +925,11 @@ class PostgresSessionRepository:
         """Open an existing session and claim its writer lease.
 
         Another live holder -> `SessionAlreadyClaimedError` naming it, or with
-        `wait` seconds, keep trying until then.
+        `wait` seconds, once it has not let go within them (the wait wakes when
+        the holder releases the lease or it expires).
         """
         check_session_id(session_id)
+        wait = check_timeout(wait, "wait")
         rows = self._fetch(self._q.session_exists, (session_id,))
         if not rows:
             raise SessionNotFoundError(f"session {session_id} does not exist")
