@@ -110,7 +110,6 @@ from .pg_core import (
     OWNER_TYPE,
     PURGE_CHUNK,
     RESOURCE_TYPE,
-    Batch,
     ChunkBuilder,
     ChunkSizer,
     CommitBuilder,
@@ -139,6 +138,9 @@ from .pg_core import (
     stale_import_problem,
     translate_unique,
     usage_from_row,
+)
+from .pg_core import (
+    send as _send,
 )
 from .repository import (
     SUFFIX,
@@ -170,14 +172,6 @@ def _replay(conn: Conn, index: Index, step: Callable[[], T]) -> T:
     read the step misses is fetched and the step runs again; a blocking
     `PgBranchIndex` reads as it goes, so the step runs once."""
     return step()
-
-
-def _send(conn: Conn, batches: Sequence[Batch]) -> None:
-    """Run write batches in order."""
-    if batches:
-        with conn.cursor() as cur:
-            for query, rows in batches:
-                cur.executemany(query, rows)
 
 
 def _write_commit(

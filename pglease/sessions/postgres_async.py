@@ -135,6 +135,7 @@ from .pg_core import (
     pooler_limits,
     register_batches,
     register_from_row,
+    # sync: send as _send,
     sized_chunks,
     stale_import_problem,
     translate_unique,
@@ -181,14 +182,16 @@ async def _replay(conn: Conn, index: Index, step: Callable[[], T]) -> T:
     # sync: return step()
 
 
+# async-only: begin
 async def _send(conn: Conn, batches: Sequence[Batch]) -> None:
-    """Run write batches in order."""
+    """Run write batches in order (the blocking flavour has `pg_core.send`)."""
     if batches:
         async with conn.cursor() as cur:
             for query, rows in batches:
                 await cur.executemany(query, rows)
 
 
+# async-only: end
 async def _write_commit(
     conn: Conn,
     q: Sql,
