@@ -61,6 +61,7 @@ from ..ids import resource_id
 from ..postgres import PostgresStore
 from ..types import Claim, Owner, Permit
 from ..validation import check_timeout
+from ._conveniences import ConvenienceWrites
 from .branch_index import BranchQuery
 from .branch_index import scan_branch as _scan_branch
 from .errors import (
@@ -91,14 +92,12 @@ from .model import (
     AddUsage,
     AppendEntry,
     CommitResult,
-    DeleteRegister,
     Entry,
     LeaseInfo,
     Register,
     SessionInfo,
     SessionSnapshot,
     SessionStats,
-    SetRegister,
     UsageRow,
     Write,
     load_json,
@@ -419,7 +418,7 @@ def _renew_loop(ref: weakref.ref[PostgresSession], interval: float, background: 
             del handle
 
 
-class PostgresSession:
+class PostgresSession(ConvenienceWrites):
     """A writer handle on a session in PostgreSQL, holding its writer lease.
 
     Created by the repository's `create/open/fork/import_file`. Same API as
@@ -653,28 +652,6 @@ class PostgresSession:
     ) -> Entry:
         _, entries, _ = self._commit([AppendEntry(type, parent_id, payload or {}, custom_type, id)])
         return entries[0]
-
-    def append_message(
-        self,
-        parent_id: str | None,
-        message: Any,
-        *,
-        terminate: bool | None = None,
-        id: str | None = None,
-    ) -> Entry:
-        """Append a `message` entry (`terminate` only when given)."""
-        payload: dict[str, Any] = {"message": message}
-        if terminate is not None:
-            payload["terminate"] = terminate
-        return self.append_entry("message", parent_id, payload, id=id)
-
-    def set_register(self, namespace: str, key: str, value: Any) -> int:
-        """Upsert a register; returns the seq it was written at."""
-        return self.commit([SetRegister(namespace, key, value)]).first_seq
-
-    def delete_register(self, namespace: str, key: str) -> int:
-        """Delete a register (no tombstone); the delete still takes a seq."""
-        return self.commit([DeleteRegister(namespace, key)]).first_seq
 
     def add_usage(
         self,

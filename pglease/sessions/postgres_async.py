@@ -152,6 +152,8 @@ from .schema import EMPTY_USAGE_JSON, STORAGE_VERSION
 from .sqlite_file import STREAM_FETCH, file_fork_source
 from .writes import Prepared, prepare_writes
 
+# sync: from ._conveniences import ConvenienceWrites
+
 log = logging.getLogger("pglease.sessions")
 
 Conn = psycopg.AsyncConnection[Any]
@@ -446,7 +448,7 @@ async def _renew_loop(
             del handle
 
 
-class AsyncPostgresSession:
+class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
     """A writer handle on a session in PostgreSQL, holding its writer lease.
 
     Created by the repository's `create/open/fork/import_file`. Same API as
@@ -685,6 +687,8 @@ class AsyncPostgresSession:
         )
         return entries[0]
 
+    # async-only: begin
+    # The blocking flavour inherits these three from `ConvenienceWrites`.
     async def append_message(
         self,
         parent_id: str | None,
@@ -706,6 +710,7 @@ class AsyncPostgresSession:
     async def delete_register(self, namespace: str, key: str) -> int:
         """Delete a register (no tombstone); the delete still takes a seq."""
         return (await self.commit([DeleteRegister(namespace, key)])).first_seq
+    # async-only: end
 
     async def add_usage(
         self,
