@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -71,6 +72,10 @@ from pglease.postgres._core import Queries
 from pglease.watch import AsyncWatcher, WatchClosedError, Watcher
 
 PGBENCH_ID_BASE = 10**18
+#: The resource id of pgbench's random number :rid (TYPE-<40 hex digits>, as the SQL checks).
+#: A token hash the SQL accepts (32 bytes, as a sha256 is).
+PGBENCH_TOKEN = "\\x" + hashlib.sha256(b"pgbench").hexdigest()
+PGBENCH_RID = "'pgbench-' || lpad(:rid::text, 40, '0')"
 #: (watchers, kind) of the latency runs.
 LATENCY_CONFIGS = (
     (1, "sync"),
@@ -108,10 +113,12 @@ def setup(dsn: str, schema: str, resources: int) -> list[str]:
     with PostgresStore(dsn, schema=schema, max_size=2) as store:
         ids = [store.ensure_resource("run", f"k{i}") for i in range(resources)]
         with store.connection() as conn:
-            # pgbench can only pass numbers: give it resources with numeric ids.
+            # pgbench can only draw numbers: give it resources whose ids are a
+            # number padded to the 40 digits of a resource id (see PGBENCH_RID).
             conn.execute(
                 f'INSERT INTO "{schema}".resources (id, type, key)'
-                " SELECT (%s::bigint + g)::text, 'pgbench', g::text FROM generate_series(0, %s) g",
+                " SELECT 'pgbench-' || lpad((%s::bigint + g)::text, 40, '0'), 'pgbench', g::text"
+                " FROM generate_series(0, %s) g",
                 [PGBENCH_ID_BASE, resources - 1],
             )
             conn.execute(
@@ -151,8 +158,10 @@ def pgbench_script(schema: str, resources: int) -> str:
         assert len(parts) == len(args) + 1
         return "".join(p + a for p, a in zip(parts, [*args, ""], strict=True))
 
-    claim = fill(q.claim, [":rid", "'host'", "'bench'", ":tok", "30", "NULL", "NULL"])
-    release = fill(q.release, [":rid", "'host'", "'bench'", ":generation", ":tok", "NULL", "NULL"])
+    claim = fill(q.claim, [PGBENCH_RID, "'host'", "'bench'", ":tok", "30", "NULL", "NULL"])
+    release = fill(
+        q.release, [PGBENCH_RID, "'host'", "'bench'", ":generation", ":tok", "NULL", "NULL"]
+    )
     lo, hi = PGBENCH_ID_BASE, PGBENCH_ID_BASE + resources - 1
     return f"\\set rid random({lo}, {hi})\n{claim} \\gset\n\\if :claimed\n{release}\n\\endif\n"
 
@@ -167,7 +176,7 @@ def run_pgbench(
         f.flush()
         cmd = [
             find_pgbench(), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
-            "-T", str(seconds), "-D", "tok=\\x00", "-f", f.name, dsn,
+            "-T", str(seconds), "-D", f"tok={PGBENCH_TOKEN}", "-f", f.name, dsn,
         ]  # fmt: skip
         pin = None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, preexec_fn=pin)

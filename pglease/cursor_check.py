@@ -25,8 +25,6 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from psycopg import sql
-
 from ._common import check_limit, parse_event
 from .cursors import (
     START,
@@ -38,6 +36,7 @@ from .cursors import (
     parse_cursor,
 )
 from .errors import CursorAheadError, CursorExpiredError, HistoryDivergedError
+from .postgres._sqltext import for_schema
 from .types import Event
 
 _RESYNC = "resync: list the resources and watch from 'now'"
@@ -153,11 +152,7 @@ class PgCursorQueries:
 
 @lru_cache(maxsize=256)
 def pg_queries(schema: str) -> PgCursorQueries:
-    s = sql.Identifier(schema)
-
-    def q(text: str) -> bytes:
-        return sql.SQL(text).format(s=s).as_string(None).encode()
-
+    q = for_schema(schema)
     return PgCursorQueries(
         check=q(_PG_CHECK.replace("{extra}", "")),
         events_after=q(_PG_CHECK.replace("{extra}", _PG_PAGE_COLS) + _PG_PAGE),

@@ -15,7 +15,7 @@ row (`due_rechecks` / `apply_state`), at most once a second; everything
 else comes from the watcher.
 
 The I/O around it (the clock offset, the listing, the watcher, the refresh
-loop, the keys) is `pglease.top_cli`.
+loop, the keys) is `pglease.cli.top`.
 """
 
 from __future__ import annotations

@@ -9,24 +9,9 @@ import sys
 import time
 from typing import IO
 
-import pglease.cli
-
 from .test_cli import ROOT
 
-#: The CLI as a process. Until pglease/cli.py registers these commands, the
-#: same `main` runs with them added, so the tests exercise them either way.
-_SHIM = (
-    "import sys, pglease.cli as c, pglease.fleet.cli as f;"
-    " from pglease import embedded_cli; from pglease.fleet import elect_cli;"
-    " r = f.register;"
-    " f.register = lambda s: (r(s), elect_cli.register(s), embedded_cli.register(s));"
-    " sys.exit(c.main())"
-)
-PGLEASE = (
-    [sys.executable, "-m", "pglease"]
-    if hasattr(pglease.cli, "elect_cli")
-    else [sys.executable, "-c", _SHIM]
-)
+PGLEASE = [sys.executable, "-m", "pglease"]
 DEADLINE = 60.0
 
 

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from pglease import PostgresStore
-from pglease.doctor import Report, doctor, main_args, parse_sync_names
+from pglease.cli.doctor import main_args
+from pglease.doctor import Report, doctor, parse_sync_names
 from pglease.migrations import grant
 from pglease.testing import set_test_clock
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -26,19 +26,17 @@ from pglease import (
 from pglease.clock import FakeClock
 from pglease.fleet import Keeper, Timing, acquire, elect, hold, leader
 
+from ._pg_where import PgWhere
+from ._runtime_stores import queued, store
+
+__all__ = ["store"]  # a fixture: the tests taking `store` run on PostgreSQL and SQLite
+
 A = Owner("host", "a")
 B = Owner("host", "b")
 FAR = datetime.now(UTC) + timedelta(days=1)
 
 
-def _waiters(store: PostgresStore) -> int:
-    with store.connection() as conn:
-        row = conn.execute(f'SELECT count(*) FROM "{store.schema}".lease_waiters').fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _takeover(store: PostgresStore, rid: str) -> None:
+def _takeover(store: Any, rid: str) -> None:
     """Another owner claims as if the holder's lease had run out (a day from now)."""
     assert store.claim(rid, B, 60, now=FAR) is not None
 
@@ -62,19 +60,19 @@ def test_default_timing() -> None:
     assert 0 < t.margin < t.interval
 
 
-def test_bad_timing_claims_nothing(pg_store: PostgresStore) -> None:
-    with pytest.raises(InvalidTimingError), hold(pg_store, "run", "t", A, 3.0, interval=2.9):
+def test_bad_timing_claims_nothing(store: Any) -> None:
+    with pytest.raises(InvalidTimingError), hold(store, "run", "t", A, 3.0, interval=2.9):
         pass
-    assert pg_store.list_resources() == []
+    assert store.list_resources() == []
 
 
 # --------------------------------------------------------------------------- hold + keeper
 
 
-def test_hold_heartbeat_keeps_revision_and_releases(pg_store: PostgresStore) -> None:
+def test_hold_heartbeat_keeps_revision_and_releases(store: Any) -> None:
     """End to end in real time: ttl 6 s (a beat every 2 s, trusted 5.4 s), so a
     host stalled for a few seconds still keeps the lease."""
-    with hold(pg_store, "run", "r1", A, 6.0) as lease:
+    with hold(store, "run", "r1", A, 6.0) as lease:
         rid = lease.resource_id
         first_expiry = lease.expires_at
         revision = lease.claim.revision
@@ -86,31 +84,31 @@ def test_hold_heartbeat_keeps_revision_and_releases(pg_store: PostgresStore) -> 
         lease.check()
         assert not lease.lost.is_set()
         assert lease.expires_at > first_expiry
-        state = pg_store.get(rid)
+        state = store.get(rid)
         assert state.lease.held and state.lease.generation == 1
         # Heartbeats are not resource changes: no revision bump, no event, so
         # the holder's cached revision is still good for a fenced write.
         assert state.revision == revision
-        assert [e.type for e in pg_store.events(rid)] == ["lease.claimed"]
-        result = pg_store.mutate(lease.permit(revision), "run.step", payload={"n": 1})
+        assert [e.type for e in store.events(rid)] == ["lease.claimed"]
+        result = store.mutate(lease.permit(revision), "run.step", payload={"n": 1})
         assert result.revision == revision + 1
-    state = pg_store.get(rid)
+    state = store.get(rid)
     assert not state.lease.held
-    assert [e.type for e in pg_store.events(rid)][-1] == "lease.released"
+    assert [e.type for e in store.events(rid)][-1] == "lease.released"
     with pytest.raises(LeaseLostError):
         lease.check()
 
 
-def test_takeover_is_immediate_loss(pg_store: PostgresStore) -> None:
+def test_takeover_is_immediate_loss(store: Any) -> None:
     seen: list[LeaseLostError] = []
     clock = FakeClock()  # the next beat comes when the test says so
     # Leaving the block after the loss raises: the body did not finish under its lease.
     with (
-        Keeper(pg_store, clock=clock) as keeper,
+        Keeper(store, clock=clock) as keeper,
         pytest.raises(LeaseLostError, match="left after the loss"),
-        hold(pg_store, "run", "r2", A, 30, on_lost=seen.append, keeper=keeper) as lease,
+        hold(store, "run", "r2", A, 30, on_lost=seen.append, keeper=keeper) as lease,
     ):
-        _takeover(pg_store, lease.resource_id)
+        _takeover(store, lease.resource_id)
         clock.advance(lease.timing.interval)
         assert lease.lost.wait(30), "the next beat must report the takeover"
         with pytest.raises(LeaseLostError, match="no longer has it"):
@@ -119,14 +117,8 @@ def test_takeover_is_immediate_loss(pg_store: PostgresStore) -> None:
             lease.permit(2)
     assert len(seen) == 1
     # The newer holder was not disturbed by the old holder's exit.
-    state = pg_store.get(lease.resource_id)
+    state = store.get(lease.resource_id)
     assert state.lease.owner == B and state.lease.generation == 2
-
-
-@dataclass
-class _Where:
-    dsn: str
-    schema: str
 
 
 def test_unreachable_database_closes_trust_window(pg_store: PostgresStore) -> None:
@@ -135,7 +127,7 @@ def test_unreachable_database_closes_trust_window(pg_store: PostgresStore) -> No
     rid = pg_store.ensure_resource("run", "r4")
     claim = pg_store.claim(rid, A, 1.0)
     assert claim is not None
-    dead = _Where("postgresql://nobody@127.0.0.1:9/none?connect_timeout=1", pg_store.schema)
+    dead = PgWhere("postgresql://nobody@127.0.0.1:9/none?connect_timeout=1", pg_store.schema)
     with Keeper(dead, connect_timeout=1) as keeper:
         with pytest.raises(DatabaseUnavailableError, match="keeper: cannot connect"):
             keeper.connect()
@@ -150,27 +142,27 @@ def test_unreachable_database_closes_trust_window(pg_store: PostgresStore) -> No
 
 
 @pytest.mark.parametrize("fair", [False, True])
-def test_acquire_timeout_leaves_nothing(pg_store: PostgresStore, fair: bool) -> None:
-    with hold(pg_store, "run", "busy", A, 30) as lease:
-        before = pg_store.get(lease.resource_id)
+def test_acquire_timeout_leaves_nothing(store: Any, fair: bool) -> None:
+    with hold(store, "run", "busy", A, 30) as lease:
+        before = store.get(lease.resource_id)
         with pytest.raises(AcquireTimeoutError, match="within"):
-            acquire(pg_store, "run", "busy", B, 5, timeout=0.5, fair=fair)
-        after = pg_store.get(lease.resource_id)
+            acquire(store, "run", "busy", B, 5, timeout=0.5, fair=fair)
+        after = store.get(lease.resource_id)
         assert after.revision == before.revision
         assert after.lease.owner == A
-        assert _waiters(pg_store) == 0
+        assert queued(store) == 0
         with pytest.raises(AcquireTimeoutError):
-            acquire(pg_store, "run", "busy", B, 5, timeout=0, fair=fair)
-        assert _waiters(pg_store) == 0
+            acquire(store, "run", "busy", B, 5, timeout=0, fair=fair)
+        assert queued(store) == 0
 
 
 @pytest.mark.parametrize("use_watcher", [True, False])
-def test_acquire_wakes_on_release(pg_store: PostgresStore, use_watcher: bool) -> None:
+def test_acquire_wakes_on_release(store: Any, use_watcher: bool) -> None:
     got: list[tuple[int, float]] = []
-    with hold(pg_store, "run", "rel", A, 60) as lease:
+    with hold(store, "run", "rel", A, 60) as lease:
 
         def wait() -> None:
-            c = acquire(pg_store, "run", "rel", B, 5, timeout=30, use_watcher=use_watcher)
+            c = acquire(store, "run", "rel", B, 5, timeout=30, use_watcher=use_watcher)
             got.append((c.generation, time.monotonic()))
 
         t = threading.Thread(target=wait)
@@ -183,13 +175,13 @@ def test_acquire_wakes_on_release(pg_store: PostgresStore, use_watcher: bool) ->
     assert got[0][1] - released_at < 20
 
 
-def test_acquire_wakes_at_expiry(pg_store: PostgresStore) -> None:
-    rid = pg_store.ensure_resource("run", "exp")
-    holder = pg_store.claim(rid, A, 1.0)
+def test_acquire_wakes_at_expiry(store: Any) -> None:
+    rid = store.ensure_resource("run", "exp")
+    holder = store.claim(rid, A, 1.0)
     assert holder is not None
-    claim = acquire(pg_store, "run", "exp", B, 5, timeout=30)
+    claim = acquire(store, "run", "exp", B, 5, timeout=30)
     assert claim.generation == holder.generation + 1
-    state = pg_store.get(rid)
+    state = store.get(rid)
     assert state.lease.owner == B
 
 
@@ -215,14 +207,14 @@ def test_fair_waiters_served_in_arrival_order(pg_dsn: str, schema: str) -> None:
                 threads.append(t)
                 # Each waiter enqueues before the next one starts.
                 end = time.monotonic() + 20
-                while _waiters(stores[0]) < n and time.monotonic() < end:
+                while queued(stores[0]) < n and time.monotonic() < end:
                     time.sleep(0.02)
-            assert _waiters(stores[0]) == 4
+            assert queued(stores[0]) == 4
             assert first.generation == 1
         for t in threads:
             t.join(60)
         assert order == [1, 2, 3, 4]
-        assert _waiters(stores[0]) == 0
+        assert queued(stores[0]) == 0
     finally:
         for s in stores:
             s.close()

@@ -1,10 +1,12 @@
-"""Asyncio twins of the fleet runtime, on real PostgreSQL."""
+"""Asyncio twins of the fleet runtime, on real PostgreSQL (and SQLite where a
+test takes `astore`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -13,45 +15,42 @@ from pglease.clock import FakeClock
 from pglease.errors import InvalidTimingError
 from pglease.fleet import AsyncKeeper, acquire_async, elect_async, hold_async, leader_async
 
+from ._pg_where import PgWhere
+from ._runtime_stores import astore, queued
+
+__all__ = ["astore"]  # a fixture: the tests taking `astore` run on PostgreSQL and SQLite
+
 A = Owner("host", "a")
 B = Owner("host", "b")
 FAR = datetime.now(UTC) + timedelta(days=1)
 
 
-async def _waiters(store: AsyncPostgresStore) -> int:
-    async with store.connection() as conn:
-        cur = await conn.execute(f'SELECT count(*) FROM "{store.schema}".lease_waiters')
-        row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-async def test_hold_async_heartbeats_and_releases(apg_store: AsyncPostgresStore) -> None:
+async def test_hold_async_heartbeats_and_releases(astore: Any) -> None:
     # Real time, ttl 6 s: a stall of a loaded host for a few seconds must not lose it.
-    async with hold_async(apg_store, "run", "r1", A, 6.0) as lease:
+    async with hold_async(astore, "run", "r1", A, 6.0) as lease:
         revision = lease.claim.revision
         end = time.monotonic() + 60
         while lease.renewals < 1:
             assert time.monotonic() < end and not lease.lost.is_set()
             await asyncio.sleep(0.05)
         lease.check()
-        state = await apg_store.get(lease.resource_id)
+        state = await astore.get(lease.resource_id)
         assert state.lease.held and state.revision == revision
-    state = await apg_store.get(lease.resource_id)
+    state = await astore.get(lease.resource_id)
     assert not state.lease.held
     assert lease.lost.is_set()
 
 
-async def test_hold_async_takeover_signals(apg_store: AsyncPostgresStore) -> None:
+async def test_hold_async_takeover_signals(astore: Any) -> None:
     seen: list[LeaseLostError] = []
     clock = FakeClock()
-    keeper = AsyncKeeper(apg_store, clock=clock)
+    keeper = AsyncKeeper(astore, clock=clock)
     try:
         with pytest.raises(LeaseLostError, match="left after the loss"):
             async with hold_async(
-                apg_store, "run", "r2", A, 30, on_lost=seen.append, keeper=keeper
+                astore, "run", "r2", A, 30, on_lost=seen.append, keeper=keeper
             ) as lease:
-                assert await apg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
+                assert await astore.claim(lease.resource_id, B, 60, now=FAR) is not None
                 clock.advance(lease.timing.interval)  # the next beat is due
                 assert await lease.wait_lost(30)
                 with pytest.raises(LeaseLostError, match="no longer has it"):
@@ -62,15 +61,15 @@ async def test_hold_async_takeover_signals(apg_store: AsyncPostgresStore) -> Non
 
 
 async def test_async_trust_window_closes_on_the_fake_clock(
-    apg_store: AsyncPostgresStore,
+    astore: Any,
 ) -> None:
     clock = FakeClock()
     seen: list[LeaseLostError] = []
-    keeper = AsyncKeeper(apg_store, clock=clock)
+    keeper = AsyncKeeper(astore, clock=clock)
     try:
         with pytest.raises(LeaseLostError, match="trust window"):
             async with hold_async(
-                apg_store, "run", "tw", A, 30, on_lost=seen.append, keeper=keeper
+                astore, "run", "tw", A, 30, on_lost=seen.append, keeper=keeper
             ) as lease:
                 await asyncio.sleep(0.2)  # real time only: still trusted
                 lease.check()
@@ -91,13 +90,12 @@ async def test_async_trust_window_closes_without_database(apg_store: AsyncPostgr
     claim = await apg_store.claim(rid, A, 1.0)
     assert claim is not None
 
-    class Dead:
-        dsn = "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1"
-        schema = apg_store.schema
-
     from pglease.fleet import Timing
 
-    keeper = AsyncKeeper(Dead(), connect_timeout=1)
+    dead = PgWhere(
+        "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1", apg_store.schema, is_async=True
+    )
+    keeper = AsyncKeeper(dead, connect_timeout=1)
     try:
         lease = keeper.add(claim, Timing.of(1.0), time.monotonic())
         assert await lease.wait_lost(10)
@@ -107,34 +105,32 @@ async def test_async_trust_window_closes_without_database(apg_store: AsyncPostgr
         await keeper.aclose()
 
 
-async def test_bad_timing_async(apg_store: AsyncPostgresStore) -> None:
+async def test_bad_timing_async(astore: Any) -> None:
     with pytest.raises(InvalidTimingError):
-        async with hold_async(apg_store, "run", "t", A, 1.0, margin=0.5):
+        async with hold_async(astore, "run", "t", A, 1.0, margin=0.5):
             pass
 
 
 @pytest.mark.parametrize("fair", [False, True])
-async def test_acquire_async_timeout_and_cancel_leave_nothing(
-    apg_store: AsyncPostgresStore, fair: bool
-) -> None:
-    async with hold_async(apg_store, "run", "busy", A, 30) as lease:
-        before = await apg_store.get(lease.resource_id)
+async def test_acquire_async_timeout_and_cancel_leave_nothing(astore: Any, fair: bool) -> None:
+    async with hold_async(astore, "run", "busy", A, 30) as lease:
+        before = await astore.get(lease.resource_id)
         with pytest.raises(AcquireTimeoutError):
-            await acquire_async(apg_store, "run", "busy", B, 5, timeout=0.5, fair=fair)
-        assert await _waiters(apg_store) == 0
-        task = asyncio.ensure_future(acquire_async(apg_store, "run", "busy", B, 5, fair=fair))
+            await acquire_async(astore, "run", "busy", B, 5, timeout=0.5, fair=fair)
+        assert queued(astore) == 0
+        task = asyncio.ensure_future(acquire_async(astore, "run", "busy", B, 5, fair=fair))
         await asyncio.sleep(0.5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert await _waiters(apg_store) == 0
-        after = await apg_store.get(lease.resource_id)
+        assert queued(astore) == 0
+        after = await astore.get(lease.resource_id)
         assert after.revision == before.revision and after.lease.owner == A
 
 
-async def test_acquire_async_wakes_on_release(apg_store: AsyncPostgresStore) -> None:
-    async with hold_async(apg_store, "run", "rel", A, 60) as lease:
-        waiter = asyncio.ensure_future(acquire_async(apg_store, "run", "rel", B, 5, timeout=30))
+async def test_acquire_async_wakes_on_release(astore: Any) -> None:
+    async with hold_async(astore, "run", "rel", A, 60) as lease:
+        waiter = asyncio.ensure_future(acquire_async(astore, "run", "rel", B, 5, timeout=30))
         await asyncio.sleep(0.5)
         released_at = time.monotonic()
     claim = await waiter
@@ -143,13 +139,13 @@ async def test_acquire_async_wakes_on_release(apg_store: AsyncPostgresStore) -> 
 
 
 @pytest.mark.parametrize("release_on_cancel", [False, True])
-async def test_cancelled_holder(apg_store: AsyncPostgresStore, release_on_cancel: bool) -> None:
+async def test_cancelled_holder(astore: Any, release_on_cancel: bool) -> None:
     entered = asyncio.Event()
     leases = []
 
     async def body() -> None:
         async with hold_async(
-            apg_store, "run", "c", A, 2.0, release_on_cancel=release_on_cancel
+            astore, "run", "c", A, 2.0, release_on_cancel=release_on_cancel
         ) as lease:
             leases.append(lease)
             entered.set()
@@ -162,21 +158,21 @@ async def test_cancelled_holder(apg_store: AsyncPostgresStore, release_on_cancel
         await task
     lease = leases[0]
     assert lease.lost.is_set()
-    state = await apg_store.get(lease.resource_id)
+    state = await astore.get(lease.resource_id)
     # Opt-in release; otherwise the lease is abandoned and runs out by itself.
     assert state.lease.held is (not release_on_cancel)
 
 
-async def test_async_election(apg_store: AsyncPostgresStore) -> None:
+async def test_async_election(astore: Any) -> None:
     log: list[str] = []
     e1 = await elect_async(
-        apg_store, "sched", A, ttl=6.0,
+        astore, "sched", A, ttl=6.0,
         on_elected=lambda x: log.append(f"a+{x.generation}"),
         on_deposed=lambda x: log.append(f"a-{x.generation}"),
     )  # fmt: skip
     assert await e1.wait_elected(20)
     e2 = await elect_async(
-        apg_store, "sched", B, ttl=6.0,
+        astore, "sched", B, ttl=6.0,
         on_elected=lambda x: log.append(f"b+{x.generation}"),
         on_deposed=lambda x: log.append(f"b-{x.generation}"),
     )  # fmt: skip
@@ -184,8 +180,8 @@ async def test_async_election(apg_store: AsyncPostgresStore) -> None:
     assert e1.is_leader and not e2.is_leader
     await e1.stop()
     assert await e2.wait_elected(20)
-    now = await leader_async(apg_store, "sched")
+    now = await leader_async(astore, "sched")
     assert now is not None and now.owner == B and now.generation == 2
     await e2.stop()
-    assert await leader_async(apg_store, "sched") is None
+    assert await leader_async(astore, "sched") is None
     assert log == ["a+1", "a-1", "b+2", "b-2"]

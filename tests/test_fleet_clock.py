@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -22,6 +23,10 @@ from pglease import AcquireTimeoutError, LeaseLostError, Owner, PostgresStore
 from pglease.clock import FakeClock
 from pglease.fleet import Keeper, Timing, acquire, elect, hold
 from pglease.fleet._rooms import LINGER, RoomCore, _sync_rooms
+
+from ._runtime_stores import queued, store
+
+__all__ = ["store"]  # a fixture: the tests taking `store` run on PostgreSQL and SQLite
 
 A = Owner("host", "a")
 B = Owner("host", "b")
@@ -48,25 +53,25 @@ def keeper(pg_store: PostgresStore, clock: FakeClock) -> Iterator[Keeper]:
         yield k
 
 
-def _waiters(store: PostgresStore) -> int:
-    with store.connection() as conn:
-        row = conn.execute(f'SELECT count(*) FROM "{store.schema}".lease_waiters').fetchone()
-    assert row is not None
-    return int(row[0])
+@pytest.fixture
+def rkeeper(store: Any, clock: FakeClock) -> Iterator[Keeper]:
+    """A keeper on the fake clock for `store` (PostgreSQL or SQLite)."""
+    with Keeper(store, clock=clock) as k:
+        yield k
 
 
 # --------------------------------------------------------------------------- trust window
 
 
 def test_trust_window_closes_on_the_fake_clock(
-    pg_store: PostgresStore, clock: FakeClock, keeper: Keeper
+    store: Any, clock: FakeClock, rkeeper: Keeper
 ) -> None:
     """Lost (event, callback, check) once the fake clock passes ttl - margin,
     while the database lease still has most of its real ttl left."""
     seen: list[LeaseLostError] = []
     with (
         pytest.raises(LeaseLostError, match="left after the loss"),
-        hold(pg_store, "run", "tw", A, TTL, keeper=keeper, on_lost=seen.append) as lease,
+        hold(store, "run", "tw", A, TTL, keeper=rkeeper, on_lost=seen.append) as lease,
     ):
         assert lease.clock is clock
         assert lease.deadline == pytest.approx(clock.monotonic() + TTL - TIMING.margin)
@@ -82,7 +87,7 @@ def test_trust_window_closes_on_the_fake_clock(
             lease.check()
         # The database would have kept it for most of the real ttl.
         assert lease.expires_at > datetime.now(UTC) + timedelta(seconds=TTL / 2)
-    assert keeper.stats.renewed == 0
+    assert rkeeper.stats.renewed == 0
 
 
 def test_row_locked_until_the_window_closes_is_lost_locally(
@@ -112,20 +117,20 @@ def test_row_locked_until_the_window_closes_is_lost_locally(
 
 
 def test_takeover_is_reported_by_the_next_beat(
-    pg_store: PostgresStore, clock: FakeClock, keeper: Keeper
+    store: Any, clock: FakeClock, rkeeper: Keeper
 ) -> None:
     with (
         pytest.raises(LeaseLostError, match="left after the loss"),
-        hold(pg_store, "run", "take", A, TTL, keeper=keeper) as lease,
+        hold(store, "run", "take", A, TTL, keeper=rkeeper) as lease,
     ):
-        assert pg_store.claim(lease.resource_id, B, 60, now=FAR) is not None
+        assert store.claim(lease.resource_id, B, 60, now=FAR) is not None
         time.sleep(0.2)  # the clock stands still: no beat, nobody knows
         assert not lease.lost.is_set()
         clock.advance(TIMING.interval)
         assert lease.lost.wait(30)
         with pytest.raises(LeaseLostError, match="no longer has it"):
             lease.check()
-    state = pg_store.get(lease.resource_id)
+    state = store.get(lease.resource_id)
     assert state.lease.owner == B and state.lease.generation == 2
 
 
@@ -133,9 +138,9 @@ def test_takeover_is_reported_by_the_next_beat(
 
 
 def test_beats_follow_the_clock_and_keep_the_revision(
-    pg_store: PostgresStore, clock: FakeClock, keeper: Keeper
+    store: Any, clock: FakeClock, rkeeper: Keeper
 ) -> None:
-    with hold(pg_store, "run", "hb", A, TTL, keeper=keeper) as lease:
+    with hold(store, "run", "hb", A, TTL, keeper=rkeeper) as lease:
         rid, revision = lease.resource_id, lease.claim.revision
         expiries = [lease.expires_at]
         for n in range(1, 4):
@@ -146,59 +151,57 @@ def test_beats_follow_the_clock_and_keep_the_revision(
         # Each renewal moved the window: three intervals later it is still open.
         lease.check()
         assert lease.deadline == pytest.approx(clock.monotonic() + TTL - TIMING.margin)
-        state = pg_store.get(rid)
+        state = store.get(rid)
         assert state.lease.held and state.revision == revision
-        assert [e.type for e in pg_store.events(rid)] == ["lease.claimed"]
-        result = pg_store.mutate(lease.permit(revision), "run.step", payload={"n": 1})
+        assert [e.type for e in store.events(rid)] == ["lease.claimed"]
+        result = store.mutate(lease.permit(revision), "run.step", payload={"n": 1})
         assert result.revision == revision + 1
-    assert not pg_store.get(rid).lease.held
-    assert keeper.stats.late_beats == 0
+    assert not store.get(rid).lease.held
+    assert rkeeper.stats.late_beats == 0
 
 
 def test_late_beat_is_counted_and_logged(
-    pg_store: PostgresStore,
+    store: Any,
     clock: FakeClock,
-    keeper: Keeper,
+    rkeeper: Keeper,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="pglease.fleet")
-    with hold(pg_store, "run", "late", A, TTL, keeper=keeper) as lease:
+    with hold(store, "run", "late", A, TTL, keeper=rkeeper) as lease:
         # Due at +10; seen at +16: 6 s late, past late_after (5 s) and still
         # inside the trust window (27 s).
         clock.advance(TIMING.interval + TIMING.late_after + 1.0)
         _eventually(lambda: lease.renewals == 1)
-        assert keeper.stats.late_beats == 1
+        assert rkeeper.stats.late_beats == 1
         late = [r for r in caplog.records if "heartbeat late by" in r.getMessage()]
         assert len(late) == 1 and "late by 6.000s" in late[0].getMessage()
         # An on-time beat afterwards is not late.
         clock.advance(TIMING.interval)
         _eventually(lambda: lease.renewals == 2)
-        assert keeper.stats.late_beats == 1
+        assert rkeeper.stats.late_beats == 1
         lease.check()
 
 
-def test_one_round_trip_renews_many(
-    pg_store: PostgresStore, clock: FakeClock, keeper: Keeper
-) -> None:
-    keeper.connect()
+def test_one_round_trip_renews_many(store: Any, clock: FakeClock, rkeeper: Keeper) -> None:
+    rkeeper.connect()
     leases = []
     for i in range(50):
-        rid = pg_store.ensure_resource("job", f"j{i}")
-        claim = pg_store.claim(rid, Owner("host", f"w{i % 3}"), TTL)
+        rid = store.ensure_resource("job", f"j{i}")
+        claim = store.claim(rid, Owner("host", f"w{i % 3}"), TTL)
         assert claim is not None
-        leases.append(keeper.add(claim, TIMING, clock.monotonic()))
+        leases.append(rkeeper.add(claim, TIMING, clock.monotonic()))
     for n in (1, 2):
         clock.advance(TIMING.interval)
-        _eventually(lambda n=n: keeper.stats.renewed == 50 * n)  # type: ignore[misc]
+        _eventually(lambda n=n: rkeeper.stats.renewed == 50 * n)  # type: ignore[misc]
         # Due at the same instant: one beat for all fifty.
-        assert keeper.stats.beats == n and keeper.stats.last_beat_size == 50
+        assert rkeeper.stats.beats == n and rkeeper.stats.last_beat_size == 50
     assert all(lease.lost_error is None for lease in leases)
 
 
 def test_keeper_reconnects_after_its_backend_is_terminated(
     pg_store: PostgresStore, clock: FakeClock, keeper: Keeper
 ) -> None:
-    from pglease.fleet.keeper import application_name
+    from pglease.postgres.runtime import application_name
 
     def backends() -> list[int]:
         with pg_store.connection() as conn:
@@ -239,16 +242,16 @@ def test_keeper_reconnects_after_its_backend_is_terminated(
 
 @pytest.mark.parametrize(("fair", "use_watcher"), [(False, True), (True, True), (False, False)])
 def test_acquire_times_out_on_the_fake_clock(
-    pg_store: PostgresStore, clock: FakeClock, fair: bool, use_watcher: bool
+    store: Any, clock: FakeClock, fair: bool, use_watcher: bool
 ) -> None:
-    rid = pg_store.ensure_resource("run", "wait")
-    holder = pg_store.claim(rid, A, 600)
+    rid = store.ensure_resource("run", "wait")
+    holder = store.claim(rid, A, 600)
     assert holder is not None
     errors: list[BaseException] = []
 
     def wait() -> None:
         try:
-            acquire(pg_store, "run", "wait", B, 5, timeout=5, fair=fair,
+            acquire(store, "run", "wait", B, 5, timeout=5, fair=fair,
                     use_watcher=use_watcher, clock=clock)  # fmt: skip
         except BaseException as exc:
             errors.append(exc)
@@ -256,37 +259,35 @@ def test_acquire_times_out_on_the_fake_clock(
     t = threading.Thread(target=wait, daemon=True)
     t.start()
     if fair:
-        _eventually(lambda: _waiters(pg_store) == 1)
+        _eventually(lambda: queued(store) == 1)
     time.sleep(0.3)  # real time passes, the fake clock does not: still waiting
     assert t.is_alive()
     clock.advance(5.0)
     t.join(30)
     assert not t.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], AcquireTimeoutError), errors
-    assert _waiters(pg_store) == 0
-    assert pg_store.get(rid).lease.owner == A
+    assert queued(store) == 0
+    assert store.get(rid).lease.owner == A
 
 
 def test_held_lease_trusts_from_the_claim_on_the_acquire_clock(
-    pg_store: PostgresStore, clock: FakeClock, keeper: Keeper
+    store: Any, clock: FakeClock, rkeeper: Keeper
 ) -> None:
     clock.advance(123.0)
-    with hold(pg_store, "run", "start", A, TTL, keeper=keeper) as lease:
+    with hold(store, "run", "start", A, TTL, keeper=rkeeper) as lease:
         assert lease.deadline == pytest.approx(1123.0 + TTL - TIMING.margin)
         assert lease.next_due == pytest.approx(1123.0 + TIMING.interval)
 
 
-def test_hold_refuses_a_clock_other_than_its_keepers(
-    pg_store: PostgresStore, keeper: Keeper
-) -> None:
+def test_hold_refuses_a_clock_other_than_its_keepers(store: Any, rkeeper: Keeper) -> None:
     from pglease import ValidationError
 
     with (
         pytest.raises(ValidationError, match="keeper's clock"),
-        hold(pg_store, "run", "x", A, TTL, keeper=keeper, clock=FakeClock()),
+        hold(store, "run", "x", A, TTL, keeper=rkeeper, clock=FakeClock()),
     ):
         pass
-    assert pg_store.list_resources() == []
+    assert store.list_resources() == []
 
 
 # --------------------------------------------------------------------------- rooms
@@ -333,11 +334,11 @@ def test_room_lingers_until_the_fake_clock_moves(pg_store: PostgresStore, clock:
 
 
 def test_election_deposed_when_the_window_closes_then_reelected(
-    pg_store: PostgresStore, clock: FakeClock, keeper: Keeper
+    store: Any, clock: FakeClock, rkeeper: Keeper
 ) -> None:
     log: list[str] = []
     election = elect(
-        pg_store, "sched", A, ttl=TTL, keeper=keeper,
+        store, "sched", A, ttl=TTL, keeper=rkeeper,
         on_elected=lambda lease: log.append(f"+{lease.generation}"),
         on_deposed=lambda lease: log.append(f"-{lease.generation}"),
     )  # fmt: skip

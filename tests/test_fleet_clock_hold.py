@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pglease import Claim, Owner, resource_id
+from pglease.cli.hold import _Supervisor
 from pglease.clock import FakeClock
 from pglease.fleet import HeldLease, Timing
-from pglease.fleet.cli import _Supervisor
 
 #: Notes SIGTERM in its file and keeps running; SIGKILL ends it.
 CHILD = r"""

@@ -31,20 +31,15 @@ from pglease import (
     PostgresStore,
 )
 from pglease.fleet import AsyncKeeper, Keeper, acquire, acquire_async, hold, hold_async
-from pglease.fleet.keeper import SESSION_SETUP, _connect_kwargs, application_name
 from pglease.migrations import grant
+from pglease.postgres.runtime import SESSION_SETUP, _connect_kwargs, application_name
+
+from ._pg_where import PgWhere
 
 A = Owner("host", "a")
 B = Owner("host", "b")
 LOCK_TIMEOUT = 0.3
 DEAD_DSN = "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1"
-
-
-class _Dead:
-    dsn = DEAD_DSN
-
-    def __init__(self, schema: str) -> None:
-        self.schema = schema
 
 
 def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -67,7 +62,7 @@ def test_keeper_session_uses_sets_not_startup_options(pg_store: PostgresStore) -
     assert "options" not in kwargs  # PgBouncer refuses startup options
     with Keeper(pg_store) as keeper:
         keeper.connect()
-        conn = keeper._conn
+        conn = keeper._channel._conn  # type: ignore[attr-defined]
         assert conn is not None
         settings = dict(
             conn.execute(
@@ -81,12 +76,12 @@ def test_keeper_session_uses_sets_not_startup_options(pg_store: PostgresStore) -
             "application_name": application_name(pg_store.schema),
         }
         keeper.connect()  # idempotent: the same connection
-        assert keeper._conn is conn
+        assert keeper._channel._conn is conn  # type: ignore[attr-defined]
     assert b"SET statement_timeout" in SESSION_SETUP
 
 
 def test_hold_with_an_unreachable_keeper_fails_before_claiming(pg_store: PostgresStore) -> None:
-    with Keeper(_Dead(pg_store.schema), connect_timeout=1) as dead:
+    with Keeper(PgWhere(DEAD_DSN, pg_store.schema), connect_timeout=1) as dead:
         with (
             pytest.raises(DatabaseUnavailableError, match="keeper: cannot connect"),
             hold(pg_store, "run", "dead", A, 30, keeper=dead),
@@ -99,7 +94,7 @@ def test_hold_with_an_unreachable_keeper_fails_before_claiming(pg_store: Postgre
 async def test_hold_async_with_an_unreachable_keeper_fails_before_claiming(
     apg_store: AsyncPostgresStore,
 ) -> None:
-    dead = AsyncKeeper(_Dead(apg_store.schema), connect_timeout=1)
+    dead = AsyncKeeper(PgWhere(DEAD_DSN, apg_store.schema, is_async=True), connect_timeout=1)
     try:
         with pytest.raises(DatabaseUnavailableError, match="keeper: cannot connect"):
             async with hold_async(apg_store, "run", "dead", A, 30, keeper=dead):

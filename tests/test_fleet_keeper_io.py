@@ -8,24 +8,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import psycopg
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore
 from pglease.fleet import AsyncKeeper, Keeper, Timing
-from pglease.fleet.keeper import SESSION_SETUP, _connect_kwargs
+from pglease.postgres.runtime import SESSION_SETUP, _connect_kwargs
 
 from ._fleet_proxy import FreezingProxy
+from ._pg_where import PgWhere
 
 A = Owner("host", "a")
 TTL = 6.0  # interval 2 s: a cut-off beat (after ~1.7 s) leaves ~1.7 s to retry
-
-
-@dataclass
-class _Where:
-    dsn: str
-    schema: str
 
 
 def _eventually(check: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -53,7 +47,7 @@ def test_sync_keeper_recovers_from_a_frozen_connection(pg_store: PostgresStore) 
     rid = pg_store.ensure_resource("run", "frozen")
     claim = pg_store.claim(rid, A, TTL)
     assert claim is not None
-    with FreezingProxy(pg_store.dsn) as proxy, Keeper(_Where(proxy.dsn, pg_store.schema)) as k:
+    with FreezingProxy(pg_store.dsn) as proxy, Keeper(PgWhere(proxy.dsn, pg_store.schema)) as k:
         lease = k.add(claim, Timing.of(TTL), time.monotonic())
         _eventually(lambda: lease.renewals >= 1)
         assert proxy.freeze() == 1  # the keeper's one connection
@@ -73,7 +67,7 @@ async def test_async_keeper_recovers_from_a_frozen_connection(
     claim = await apg_store.claim(rid, A, TTL)
     assert claim is not None
     with FreezingProxy(apg_store.dsn) as proxy:
-        async with AsyncKeeper(_Where(proxy.dsn, apg_store.schema)) as k:
+        async with AsyncKeeper(PgWhere(proxy.dsn, apg_store.schema, is_async=True)) as k:
             lease = k.add(claim, Timing.of(TTL), time.monotonic())
             end = time.monotonic() + 30
             while lease.renewals < 1 and time.monotonic() < end:

@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,10 @@ from pglease import AsyncPostgresStore, Owner, PostgresStore
 from pglease.fleet import acquire, acquire_async
 from pglease.fleet._rooms import RoomCore, _async_rooms, _sync_rooms
 from pglease.watch import hub as watch_hub
+
+from ._runtime_stores import astore, queued, store
+
+__all__ = ["astore", "store"]  # fixtures: the tests taking them run on PostgreSQL and SQLite
 
 A = Owner("host", "a")
 
@@ -128,19 +133,19 @@ def test_waiters_share_one_subscription_and_a_release_wakes_one(pg_store: Postgr
     assert room.core.wakes <= room.core.events
 
 
-def test_fair_waiters_in_one_process_are_served_in_arrival_order(pg_store: PostgresStore) -> None:
-    rid = pg_store.ensure_resource("fair", "k")
-    holder = pg_store.claim(rid, A, 60)
+def test_fair_waiters_in_one_process_are_served_in_arrival_order(store: Any) -> None:
+    rid = store.ensure_resource("fair", "k")
+    holder = store.claim(rid, A, 60)
     assert holder is not None
     order: list[int] = []
     lock = threading.Lock()
 
     def waiter(n: int) -> None:
-        c = acquire(pg_store, "fair", "k", Owner("host", f"w{n}"), 30, timeout=60, fair=True)
+        c = acquire(store, "fair", "k", Owner("host", f"w{n}"), 30, timeout=60, fair=True)
         with lock:
             order.append(n)
         time.sleep(0.1)
-        pg_store.release(c)
+        store.release(c)
 
     threads = []
     for n in range(5):
@@ -148,16 +153,8 @@ def test_fair_waiters_in_one_process_are_served_in_arrival_order(pg_store: Postg
         t.start()
         threads.append(t)
 
-        def queued(n: int = n) -> bool:
-            with pg_store.connection() as conn:
-                row = conn.execute(
-                    f'SELECT count(*) FROM "{pg_store.schema}".lease_waiters'
-                    " WHERE resource_id = %s", [rid],
-                ).fetchone()  # fmt: skip
-            return row is not None and row[0] == n + 1
-
-        _eventually(queued)
-    pg_store.release(holder)
+        _eventually(lambda n=n: queued(store, rid) == n + 1)  # type: ignore[misc]
+    store.release(holder)
     for t in threads:
         t.join(60)
     assert order == [0, 1, 2, 3, 4]
@@ -189,13 +186,13 @@ def test_room_lingers_then_goes(pg_store: PostgresStore) -> None:
 
 @pytest.mark.asyncio
 async def test_async_waiters_share_one_room_and_a_release_wakes_one(
-    apg_store: AsyncPostgresStore,
+    astore: Any,
 ) -> None:
-    rid = await apg_store.ensure_resource("hot", "ak")
-    holder = await apg_store.claim(rid, A, 60)
+    rid = await astore.ensure_resource("hot", "ak")
+    holder = await astore.claim(rid, A, 60)
     assert holder is not None
     tasks = [
-        asyncio.create_task(acquire_async(apg_store, "hot", "ak", Owner("host", f"w{n}"), 60))
+        asyncio.create_task(acquire_async(astore, "hot", "ak", Owner("host", f"w{n}"), 60))
         for n in range(5)
     ]
     end = time.monotonic() + 30
@@ -207,7 +204,7 @@ async def test_async_waiters_share_one_room_and_a_release_wakes_one(
         await asyncio.sleep(0.02)
     assert len(rooms) == 1
     room = rooms[0]
-    await apg_store.release(holder)
+    await astore.release(holder)
     done, pending = await asyncio.wait(tasks, timeout=30, return_when=asyncio.FIRST_COMPLETED)
     assert len(done) == 1
     await asyncio.sleep(0.5)
@@ -219,41 +216,31 @@ async def test_async_waiters_share_one_room_and_a_release_wakes_one(
     await asyncio.gather(*pending, return_exceptions=True)
     assert room.core.members == {}
     winner = next(iter(done)).result()
-    await apg_store.release(winner)
+    await astore.release(winner)
 
 
 async def test_async_fair_waiters_in_one_loop_are_served_in_arrival_order(
-    apg_store: AsyncPostgresStore,
+    astore: Any,
 ) -> None:
-    rid = await apg_store.ensure_resource("fair", "ak")
-    holder = await apg_store.claim(rid, A, 60)
+    rid = await astore.ensure_resource("fair", "ak")
+    holder = await astore.claim(rid, A, 60)
     assert holder is not None
     order: list[int] = []
 
     async def waiter(n: int) -> None:
         owner = Owner("host", f"w{n}")
-        c = await acquire_async(apg_store, "fair", "ak", owner, 30, timeout=60, fair=True)
+        c = await acquire_async(astore, "fair", "ak", owner, 30, timeout=60, fair=True)
         order.append(n)
         await asyncio.sleep(0.1)
-        await apg_store.release(c)
-
-    async def queued() -> int:
-        async with apg_store.connection() as conn:
-            cur = await conn.execute(
-                f'SELECT count(*) FROM "{apg_store.schema}".lease_waiters WHERE resource_id = %s',
-                [rid],
-            )
-            row = await cur.fetchone()
-        assert row is not None
-        return int(row[0])
+        await astore.release(c)
 
     tasks = []
     for n in range(4):
         tasks.append(asyncio.create_task(waiter(n)))
         end = time.monotonic() + 30
-        while await queued() < n + 1:
+        while queued(astore, rid) < n + 1:
             assert time.monotonic() < end
             await asyncio.sleep(0.02)
-    await apg_store.release(holder)
+    await astore.release(holder)
     await asyncio.wait_for(asyncio.gather(*tasks), 60)
     assert order == [0, 1, 2, 3]

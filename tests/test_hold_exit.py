@@ -22,20 +22,13 @@ from pglease.clock import FakeClock
 from pglease.fleet import AsyncKeeper, Keeper, Timing, acquire, acquire_async, hold, hold_async
 
 from ._fleet_proxy import FreezingProxy
+from ._pg_where import PgWhere
 
 A = Owner("host", "a")
 B = Owner("host", "b")
 FAR = datetime.now(UTC) + timedelta(days=1)
 #: Fake-clock leases: interval 10 s, the trust window closes 27 s after a renewal.
 TTL = 30.0
-
-
-class _Via:
-    """Where a keeper looks: the test schema, through a proxy."""
-
-    def __init__(self, dsn: str, schema: str) -> None:
-        self.dsn = dsn
-        self.schema = schema
 
 
 class _Partition(FreezingProxy):
@@ -102,7 +95,7 @@ def test_real_expiry_and_takeover_raises(pg_store: PostgresStore) -> None:
     ttl = 1.0
     with (
         _Partition(pg_store.dsn) as proxy,
-        Keeper(_Via(proxy.dsn, pg_store.schema), connect_timeout=1) as keeper,
+        Keeper(PgWhere(proxy.dsn, pg_store.schema), connect_timeout=1) as keeper,
         pytest.raises(LeaseLostError, match="trust window") as caught,
         hold(pg_store, "run", "x4", A, ttl, keeper=keeper) as lease,
     ):
@@ -175,7 +168,7 @@ async def test_async_body_error_wins_over_the_loss(apg_store: AsyncPostgresStore
 
 async def test_async_real_expiry_and_takeover_raises(apg_store: AsyncPostgresStore) -> None:
     with _Partition(apg_store.dsn) as proxy:
-        keeper = AsyncKeeper(_Via(proxy.dsn, apg_store.schema), connect_timeout=1)
+        keeper = AsyncKeeper(PgWhere(proxy.dsn, apg_store.schema, is_async=True), connect_timeout=1)
         try:
             with pytest.raises(LeaseLostError, match="trust window"):
                 async with hold_async(apg_store, "run", "y4", A, 1.0, keeper=keeper) as lease:

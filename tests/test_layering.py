@@ -25,7 +25,7 @@ _LAYER_OF_TOP = {
     "_migration_core": DRIVER,
     "fleet": RUNTIME, "watch": RUNTIME,
     "sessions": SESSIONS,
-    "cli": APP, "cli_support": APP, "demo": APP, "doctor": APP, "embedded_cli": APP,
+    "cli": APP, "demo": APP, "doctor": APP,
     "__main__": APP,
 }  # fmt: skip
 
@@ -39,8 +39,6 @@ KNOWN_UPWARD = {
     ("pglease.postgres.async_store", "pglease.fleet"): "store facade methods",
     ("pglease.postgres.async_store", "pglease.watch"): "store facade methods",
     ("pglease.postgres.async_store", "pglease.watch.hub"): "store facade methods",
-    # SQLite's watcher reuses the watch package's sans-I/O core.
-    ("pglease.sqlite.watch", "pglease.watch._core"): "sans-I/O watch core",
 }
 
 
@@ -55,9 +53,6 @@ def layer(module: str) -> int:
     parts = module.split(".")
     if len(parts) == 1:
         return APP  # the package's __init__: the public facade re-exports every layer
-    leaf = parts[-1]
-    if leaf == "cli" or leaf.endswith("_cli"):
-        return APP  # e.g. pglease.fleet.cli: a command, whatever package holds it
     return _LAYER_OF_TOP.get(parts[1], CORE)
 
 

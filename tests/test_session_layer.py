@@ -12,7 +12,6 @@ import asyncio
 import inspect
 import itertools
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -705,33 +704,3 @@ async def test_async_file_repository_lists_and_deletes(tmp_path: Path) -> None:
             await AsyncSession.open(repo, "one")
         with pytest.raises(InvalidSessionIdError):
             await repo.create("../escape")
-
-
-# -- README -------------------------------------------------------------------------
-
-
-def readme_block(path: Path, heading: str) -> str:
-    text = path.read_text(encoding="utf-8")
-    section = text.split("\n" + heading + "\n", 1)[1].split("\n## ", 1)[0]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match is not None, f"no python block under {heading} in {path}"
-    return match.group(1)
-
-
-@pytest.mark.parametrize(
-    ("readme", "heading"),
-    [("pglease/sessions/README.md", "## Session layer"), ("README.md", "## Sessions")],
-)
-def test_readme_session_layer_example_runs(tmp_path: Path, readme: str, heading: str) -> None:
-    code = readme_block(ROOT / readme, heading)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "forked" in done.stdout, done.stdout

@@ -66,10 +66,11 @@ def test_wal_busy_timeout_and_durability_are_set(db: Path) -> None:
 def test_schema_is_versioned_in_the_file(db: Path) -> None:
     with SqliteStore(db) as s:
         assert s.migrate() == []
-    [(version, name, checksum)] = query(db, "SELECT version, name, checksum FROM schema_migrations")
-    assert (version, name, len(checksum)) == (1, "core", 64)
+    rows = query(db, "SELECT version, name, checksum FROM schema_migrations ORDER BY version")
+    assert [(v, n, len(c)) for v, n, c in rows] == [(1, "core", 64), (2, "fleet", 64)]
     tables = {r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"resources", "leases", "payloads", "events", "schema_migrations"} <= tables
+    expected = {"resources", "leases", "payloads", "events", "lease_waiters", "schema_migrations"}
+    assert expected <= tables
 
 
 def test_changed_or_unknown_migrations_are_refused(db: Path) -> None:

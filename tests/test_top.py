@@ -24,12 +24,12 @@ from psycopg import conninfo
 from rich.console import Console
 
 from pglease import Event, Owner, PostgresStore
+from pglease.cli.top import _quietly, _recheck, warnings_to
 from pglease.clock import FakeClock
-from pglease.fleet._sql import heartbeat_args
 from pglease.listing import iter_resources
 from pglease.migrations import grant
+from pglease.postgres.runtime import heartbeat_args
 from pglease.top import FREED_LINGER, RECHECK_INTERVAL, WARNING_SHOWN, TopModel
-from pglease.top_cli import _quietly, _recheck, warnings_to
 from pglease.watch import Watcher, WatchHealth
 
 A = Owner("host", "a")

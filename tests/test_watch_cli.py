@@ -22,7 +22,7 @@ from pglease.cursors import decode_cursor
 _SHIM = textwrap.dedent(
     """
     import argparse, sys
-    from pglease.watch.cli import register
+    from pglease.cli.watch import register
     p = argparse.ArgumentParser(prog="pglease")
     p.add_argument("--dsn")
     p.add_argument("--schema", default="pglease")

@@ -313,27 +313,6 @@ def test_health_counts_events_not_handed_out(pg_store: PostgresStore) -> None:
         assert w.health.lag_events == 0
 
 
-async def test_async_health(apg_store: AsyncPostgresStore) -> None:
-    rid = await apg_store.ensure_resource("run", "alag")
-    async with AsyncWatcher(apg_store) as w:
-        assert w.health.healthy and w.health.lag_events == 0
-        claim = await apg_store.claim(rid, A, 5)
-        assert claim is not None
-        assert await w.get(DEADLINE) is not None
-        # (The event may have come from the watcher's own catch-up read,
-        # before the hub's first read.)
-        until(lambda: w.health.last_read_at is not None, "the hub's first read")
-        assert w.health.reconnects == 0 and w.health.healthy
-
-
-def test_bad_retry_window_is_refused(pg_store: PostgresStore) -> None:
-    from pglease import ValidationError
-
-    for bad in (0, -1, True, "30", float("nan")):
-        with pytest.raises(ValidationError):
-            Watcher(pg_store, retry_window=bad)  # type: ignore[arg-type]
-
-
 def test_the_stores_pass_retry_window_clock_and_tuning_through(
     pg_store: PostgresStore, tmp_path: Path
 ) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import time
 from contextlib import closing
 from pathlib import Path
 
@@ -15,7 +14,6 @@ import pytest
 from pglease import AsyncSqliteStore, Permit, SqliteStore, WatchFailedError
 from pglease.clock import FakeClock
 from pglease.sqlite.watch import AsyncSqliteWatcher, SqliteWatcher, _cannot_heal
-from pglease.watch import WatchHealth
 
 DEADLINE = 60.0
 
@@ -69,24 +67,6 @@ async def test_async_deleted_file_fails_at_once(tmp_path: Path) -> None:
         with pytest.raises(WatchFailedError):
             await w.get_batch(0)
         assert w.health.failed
-
-
-def test_health_of_a_working_watcher(tmp_path: Path) -> None:
-    with SqliteStore(tmp_path / "state.sqlite") as store:
-        rid = store.ensure_resource("run", "h")
-        with SqliteWatcher(store, interval=0.01) as w:
-            assert w.get(0.05) is None
-            health = w.health
-            assert isinstance(health, WatchHealth)
-            assert health.healthy and health.last_error is None and health.reconnects == 0
-            assert health.last_read_at is not None and health.lag_seconds == 0.0
-            store.mutate(Permit(rid, 0), "run.one")
-            store.mutate(Permit(rid, 1), "run.two")
-            deadline = time.monotonic() + DEADLINE
-            first = None
-            while first is None and time.monotonic() < deadline:
-                first = w.get(0.1)
-            assert first is not None and w.health.lag_events == 1
 
 
 def test_which_sqlite_errors_cannot_heal(tmp_path: Path) -> None:

@@ -1,6 +1,10 @@
-"""Iterating a watcher against `get()`, `get_batch()` and the cursor:
+"""Iterating an asyncio watcher against `get()`, `get_batch()` and the cursor:
 leaving a loop, starting another, mixing in `get()`/`get_batch()` and closing
-from inside a loop never lose, repeat or skip an event. Real PostgreSQL."""
+from inside a loop never lose, repeat or skip an event. Real PostgreSQL.
+
+The same for every backend and flavour, through a blocking face:
+tests/conformance/test_watch.py; here what only asyncio has (a loop before
+`start()`, a close from another task)."""
 
 from __future__ import annotations
 
@@ -11,11 +15,6 @@ from pglease.types import Event
 from pglease.watch import AsyncWatcher, Watcher
 
 A = Owner("host", "a")
-
-
-def _write(store: PostgresStore, rid: str, n: int) -> None:
-    for i in range(n):
-        store.mutate(Permit(rid, store.get(rid).revision), f"run.e{i}")
 
 
 async def _awrite(store: AsyncPostgresStore, rid: str, n: int) -> None:
@@ -33,69 +32,6 @@ def _first_after(store: PostgresStore | str, cursor: str, schema: str = "") -> i
         event = w.get(5)
     assert event is not None
     return event.revision
-
-
-def _take(iterator: object, n: int) -> list[Event]:
-    out: list[Event] = []
-    for event in iterator:  # type: ignore[attr-defined]
-        out.append(event)
-        if len(out) == n:
-            break
-    return out
-
-
-def test_loops_get_and_batches_share_one_position(pg_store: PostgresStore) -> None:
-    rid = pg_store.ensure_resource("run", "it")
-    with Watcher(pg_store, after="start") as w:
-        _write(pg_store, rid, 12)
-        first = _take(w, 3)
-        # Leaving the loop keeps nothing back: the cursor resumes right after
-        # the last event seen.
-        assert _first_after(pg_store, w.cursor) == 4
-        nxt = w.get(5)
-        assert nxt is not None
-        second = _take(w, 2)
-        third = _take(iter(w), 1)
-        batch = w.get_batch(5)
-        got = [*first, nxt, *second, *third, *batch]
-        while len(got) < 12:
-            more = w.get(5)
-            assert more is not None
-            got.append(more)
-        assert [e.revision for e in got] == list(range(1, 13))
-        assert [e.type for e in got] == [f"run.e{i}" for i in range(12)]
-        assert w.get(0.2) is None
-
-
-def test_two_loops_interleaved_split_the_stream(pg_store: PostgresStore) -> None:
-    rid = pg_store.ensure_resource("run", "it2")
-    with Watcher(pg_store, after="start") as w:
-        _write(pg_store, rid, 6)
-        one, two = iter(w), iter(w)
-        got = [next(one), next(two), next(one), next(two), next(one), next(two)]
-        assert [e.revision for e in got] == list(range(1, 7))
-
-
-def test_close_inside_a_loop_ends_it(pg_store: PostgresStore) -> None:
-    rid = pg_store.ensure_resource("run", "it3")
-    w = Watcher(pg_store, after="start")
-    _write(pg_store, rid, 3)
-    seen = []
-    for event in w:
-        seen.append(event.revision)
-        w.close()
-    assert seen == [1]
-
-
-def test_resume_from_the_cursor_after_a_loop(pg_store: PostgresStore) -> None:
-    rid = pg_store.ensure_resource("run", "it4")
-    _write(pg_store, rid, 5)
-    with Watcher(pg_store, after="start") as w:
-        head = _take(w, 2)
-        saved = w.cursor
-    with Watcher(pg_store, after=saved) as resumed:
-        rest = _take(resumed, 3)
-    assert [e.revision for e in head + rest] == [1, 2, 3, 4, 5]
 
 
 async def test_async_loops_get_and_batches_share_one_position(

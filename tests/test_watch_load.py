@@ -78,11 +78,40 @@ def test_idle_poll_mode_reads_at_its_interval(pg_store: PostgresStore) -> None:
     with Watcher(pg_store, mode="poll", interval=0.05) as w:
         hub = w._hub
         assert hub is not None
-        time.sleep(0.3)
-        before = hub.reads
+        until(lambda: hub.reads > 0, "the first read", w, [])
+        before, started = hub.reads, time.monotonic()
         time.sleep(1.0)
-        # About 20 reads in a second; polling at the 1 ms re-poll would be hundreds.
-        assert 5 <= hub.reads - before <= 40
+        reads, elapsed = hub.reads - before, time.monotonic() - started
+        # Never more often than the interval (polling at the 1 ms re-poll would
+        # be hundreds); a slow host only makes fewer reads.
+        assert reads <= elapsed / 0.05 + 5
+        # And it does keep polling.
+        until(lambda: hub.reads > before + reads, "another poll", w, [])
+
+
+def test_held_back_reads_repoll_at_the_tuned_delays(pg_store: PostgresStore, pg_dsn: str) -> None:
+    # An open transaction with an xid below a committed one holds every read
+    # back (its xid is the snapshot's xmin, below xmax), so the hub re-polls at
+    # its re-poll delays, here tuned to 0.2-0.4 s.
+    tuned = HubTuning(min_repoll=0.2, max_repoll=0.4)
+    with psycopg.connect(pg_dsn) as open_tx:
+        open_tx.execute("SELECT pg_current_xact_id()")
+        with psycopg.connect(pg_dsn, autocommit=True) as later:
+            later.execute("SELECT pg_current_xact_id()")  # a later xid, committed
+        with Watcher(pg_store, interval=30, tuning=tuned) as w:
+            hub = w._hub
+            assert hub is not None
+            until(lambda: hub.reads > 0, "the first read", w, [])
+            before, started = hub.reads, time.monotonic()
+            time.sleep(1.0)
+            reads, elapsed = hub.reads - before, time.monotonic() - started
+            # Never sooner than 0.2 s apart: the default 1 ms re-poll would be hundreds.
+            assert reads <= elapsed / 0.2 + 2
+            # And re-polling goes on, long before the 30 s interval would read.
+            started = time.monotonic()
+            until(lambda: hub.reads > before + reads, "a re-poll", w, [])
+            assert time.monotonic() - started < 15.0
+        open_tx.rollback()
 
 
 def test_notify_received_with_a_read_wakes_the_hub(pg_store: PostgresStore, pg_dsn: str) -> None:
@@ -98,8 +127,9 @@ def test_notify_received_with_a_read_wakes_the_hub(pg_store: PostgresStore, pg_d
         time.sleep(0.2)  # the notification is now waiting in our socket
         hub._read(conn, START)
         started = time.monotonic()
-        hub._wait(conn, 3.0, True)
-        assert time.monotonic() - started < 0.5
+        hub._wait(conn, 30.0, True)
+        # Woken by the buffered NOTIFY, not the 30 s timeout (a bound, not a speed claim).
+        assert time.monotonic() - started < 15.0
         # Consumed: the next wait sleeps until its timeout.
         started = time.monotonic()
         hub._wait(conn, 0.3, True)

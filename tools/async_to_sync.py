@@ -42,6 +42,8 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
     ("pglease/postgres/async_store.py", "pglease/postgres/store.py"),
+    ("pglease/watch/_watcher_async.py", "pglease/watch/_watcher.py"),
+    ("pglease/sqlite/_watch_async.py", "pglease/sqlite/_watch.py"),
 )
 
 RENAMES = {

@@ -12,14 +12,22 @@
     claim = acquire(store, "run", "r1", owner, ttl=10, timeout=5, fair=True)
     with elect(store, "scheduler", owner, on_elected=start, on_deposed=stop) as e: ...
 
+Backends
+    Everything here reaches the database through the store's runtime driver
+    (`store.runtime_driver()`, the protocol in `pglease.driver`), never a
+    driver library: `pglease.postgres.runtime` for PostgreSQL,
+    `pglease.sqlite.runtime` for SQLite, so `SqliteStore.hold` and
+    `PostgresStore.hold` run the same code.
+
 Heartbeats
     One `Keeper` per store (process) renews every lease the process holds in
-    one round trip per beat (`heartbeat` in sql/0005_fleet.sql), every ttl/3 by
-    default, from a dedicated thread (`AsyncKeeper`: a task) on a dedicated
-    connection. A heartbeat extends the expiry only: it is not a change of the
-    resource, so it neither bumps the revision nor writes an event, and a
-    holder's cached revision stays valid for its own `expected_revision`
-    writes. The explicit `store.renew()` keeps bumping the revision and
+    one round trip per beat (PostgreSQL: `heartbeat` in sql/0005_fleet.sql;
+    SQLite: one write transaction), every ttl/3 by default, from a dedicated
+    thread (`AsyncKeeper`: a task) on its own line to the database (a
+    dedicated connection on PostgreSQL). A heartbeat extends the expiry only:
+    it is not a change of the resource, so it neither bumps the revision nor
+    writes an event, and a holder's cached revision stays valid for its own
+    `expected_revision` writes. The explicit `store.renew()` keeps bumping the revision and
     writing `lease.renewed`.
 
 Trust window
@@ -55,6 +63,7 @@ Clock
     `FakeClock` moved by a test is acted on at the next wake-up.
 """
 
+from ..driver.runtime_api import RuntimeEntryPoints, provide
 from ._keeper_core import KeeperStats
 from ._timing import FAKE_CLOCK_TICK, Timing
 from .acquire import acquire, acquire_async, hold, hold_async
@@ -70,6 +79,21 @@ from .election import (
 )
 from .keeper import AsyncKeeper, Keeper
 from .lease import AsyncHeldLease, HeldLease
+
+# The stores' facade methods (`SqliteStore.hold`, ...) reach the runtime
+# through this registration, never by importing it (they sit below it).
+provide(
+    RuntimeEntryPoints(
+        hold=hold,
+        hold_async=hold_async,
+        acquire=acquire,
+        acquire_async=acquire_async,
+        elect=elect,
+        elect_async=elect_async,
+        leader=leader,
+        leader_async=leader_async,
+    )
+)
 
 __all__ = [
     "ELECTION_TYPE",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from .. import _instrument
 from ..clock import Clock
-from ._sql import heartbeat_args
+from ..driver import HeartbeatItem, HeartbeatResult
 from .lease import _LeaseBase
 
 log = logging.getLogger("pglease.fleet")
@@ -133,15 +133,14 @@ class KeeperCore(Generic[L]):
         window = min(lease.deadline for lease in batch) - started
         return max(MIN_BEAT_LIMIT, window / 2)
 
-    def args(self, batch: Sequence[L]) -> list[Any]:
-        return heartbeat_args(
-            [lease.claim for lease in batch], [lease.timing.ttl for lease in batch]
-        )
+    def items(self, batch: Sequence[L]) -> list[HeartbeatItem]:
+        """The batch as the driver's heartbeat parameters."""
+        return [lease.heartbeat_item for lease in batch]
 
     def on_rows(
         self,
         batch: Sequence[L],
-        rows: Sequence[Sequence[Any]],
+        rows: Sequence[HeartbeatResult],
         started: float,
         round_trip: float,
     ) -> list[tuple[L, str, str]]:
@@ -156,14 +155,14 @@ class KeeperCore(Generic[L]):
         self.stats.beats += 1
         self.stats.last_beat_size = len(batch)
         self.stats.last_beat_seconds = round_trip
-        by_id = {row[0]: row for row in rows}
+        by_id = {row.resource_id: row for row in rows}
         gone: list[tuple[L, str, str]] = []
         for lease in batch:
             row = by_id.get(lease.resource_id)
-            status = row[1] if row is not None else "unknown"
+            status = row.status if row is not None else "unknown"
             if status == "renewed":
-                assert row is not None
-                if lease._renewed(started, row[2]):
+                assert row is not None and row.expires_at is not None
+                if lease._renewed(started, row.expires_at):
                     self.stats.renewed += 1
                     recorder.renewal("keeper", "renewed")
                 else:
@@ -180,8 +179,8 @@ class KeeperCore(Generic[L]):
                 lease.next_due = self.clock.monotonic() + min(BUSY_RETRY, lease.timing.interval / 4)
             else:
                 reason = _STATUS_REASON.get(status, status)
-                if row is not None and status == "lost" and row[3] != lease.generation:
-                    reason += f" (current generation {row[3]})"
+                if row is not None and status == "lost" and row.generation != lease.generation:
+                    reason += f" (current generation {row.generation})"
                 self.remove(lease)
                 self.stats.lost += 1
                 recorder.renewal("keeper", "lost")

@@ -4,9 +4,11 @@ one watcher subscription, and a release wakes one of them, not all.
 Without this every waiter opened its own watcher, and every `lease.released`
 woke every waiter of the process at once: N claims for one free lease, N - 1
 refused (the thundering herd). A room is keyed by (process, store, resource,
-event loop for asyncio). It owns one `Watcher` (one subscription on the
-process's watch hub) for the resource's release/expiry events, and hands each
-event to exactly one member:
+event loop for asyncio). It owns one change feed of the store's runtime
+driver (`driver.changes`: on PostgreSQL a `Watcher`, one subscription on the
+process's watch hub; on SQLite the store's polling watcher, which sees other
+processes' writes to the file too) for the resource's release/expiry events,
+and hands each event to exactly one member:
 
 * the member with the lowest *rank*: fair waiters are ranked in the order
   their queue entries were created (their first attempts run one at a time
@@ -45,6 +47,7 @@ import threading
 from typing import Any, Protocol
 
 from ..clock import SYSTEM_CLOCK, Clock
+from ..driver import AsyncChangeFeed, ChangeFeed
 
 log = logging.getLogger("pglease.fleet")
 
@@ -151,7 +154,7 @@ class RoomCore:
 
 
 class SyncRoom:
-    """A room for blocking waiters: one thread reads the room's `Watcher`."""
+    """A room for blocking waiters: one thread reads the room's change feed."""
 
     def __init__(
         self, store: Any, rid: str, key: tuple[Any, ...], clock: Clock = SYSTEM_CLOCK
@@ -167,7 +170,7 @@ class SyncRoom:
         self.ready = threading.Event()
         self.broken = False
         self.closed = False
-        self._watcher: Any = None
+        self._watcher: ChangeFeed | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"pglease-wait-{rid[:24]}", daemon=True
         )
@@ -204,21 +207,18 @@ class SyncRoom:
         return bool(member.flag.wait(seconds))  # type: ignore[attr-defined]
 
     def _run(self) -> None:
-        from ..watch import Watcher
-
         try:
-            self._watcher = Watcher(
-                self.store, after="now", resources=self.rid, event_types=WAKE_EVENTS
-            )
+            watcher = self.store.runtime_driver().changes(self.rid, WAKE_EVENTS)
         except Exception as exc:  # the watcher is an optimisation, not a requirement
             log.debug("no watcher for acquire wake-ups of %s, timers only: %s", self.rid, exc)
             self._break()
             return
         self.ready.set()
+        self._watcher = watcher
         try:
             while True:
                 try:
-                    event = self._watcher.get(timeout=LINGER / 2)
+                    event = watcher.get(timeout=LINGER / 2)
                 except Exception as exc:
                     log.debug("acquire watcher of %s failed, timers only: %s", self.rid, exc)
                     self._break()
@@ -233,7 +233,7 @@ class SyncRoom:
                     return
         finally:
             with contextlib.suppress(Exception):
-                self._watcher.close()
+                watcher.close()
 
     def _retire_if_idle(self) -> bool:
         with _sync_lock, self.lock:
@@ -267,7 +267,8 @@ def join_sync(
     """Join this process's room for (store, rid, clock), creating it if needed;
     then call `room.await_ready` before the first attempt."""
     # The pid: a forked child must not join its parent's rooms (no thread there).
-    key = (os.getpid(), id(store), store.schema, rid, clock)
+    # The driver: the room's feed comes from it (one per store object).
+    key = (os.getpid(), id(store), store.runtime_driver(), rid, clock)
     with _sync_lock:
         room = _sync_rooms.get(key)
         if room is None or room.closed or room.store is not store:
@@ -282,7 +283,7 @@ def join_sync(
 
 class AsyncRoom:
     """A room for the asyncio waiters of one event loop: one task reads the
-    room's `AsyncWatcher`. Used only from its loop's thread, so no locks."""
+    room's change feed. Used only from its loop's thread, so no locks."""
 
     def __init__(
         self, store: Any, rid: str, key: tuple[Any, ...], clock: Clock = SYSTEM_CLOCK
@@ -328,14 +329,10 @@ class AsyncRoom:
         return flag.is_set()
 
     async def _run(self) -> None:
-        from ..watch import AsyncWatcher
-
-        watcher: Any = None
+        watcher: AsyncChangeFeed | None = None
         try:
             try:
-                watcher = await AsyncWatcher(
-                    self.store, after="now", resources=self.rid, event_types=WAKE_EVENTS
-                ).start()
+                watcher = await self.store.runtime_driver().changes(self.rid, WAKE_EVENTS)
             except Exception as exc:
                 log.debug("no watcher for acquire wake-ups of %s, timers only: %s", self.rid, exc)
                 self._break()
@@ -383,7 +380,7 @@ def join_async(
     """The asyncio twin of `join_sync`: join the running loop's room for (store,
     rid, clock); then await `room.await_ready` before the first attempt."""
     loop = asyncio.get_running_loop()
-    key = (os.getpid(), id(loop), id(store), store.schema, rid, clock)
+    key = (os.getpid(), id(loop), id(store), store.runtime_driver(), rid, clock)
     room = _async_rooms.get(key)
     if room is None or room.closed or room.store is not store or room.loop is not loop:
         room = _async_rooms[key] = AsyncRoom(store, rid, key, clock)

@@ -11,20 +11,25 @@ every `FALLBACK_POLL` seconds, since a release would otherwise go unnoticed
 until the expiry.
 
 Fairness (``fair=True``): the waiter enqueues in the resource's queue
-(`claim_fair`, migration 0005) and may claim only as the head of the live
-queue, so fair waiters are served in the order they arrived, across hosts.
+(PostgreSQL: `claim_fair`, migration 0005; SQLite: its lease_waiters table)
+and may claim only as the head of the live queue, so fair waiters are served
+in the order they arrived, across hosts (SQLite: across processes).
 Besides the wake-ups above a fair waiter also wakes when the head's queue
 entry would run out (a dead head), and every third of its own entry's ttl to
 refresh it. On timeout, error or cancellation its entry is deleted.
 
-Busy rows: a claim that waits for the lease row's lock longer than the store's
-``lock_timeout`` (a stalled transaction holds it) fails with SQLSTATE 55P03
-and changes nothing; acquire counts that as "busy" and tries again until its
-own `timeout`, which then raises `AcquireTimeoutError` as for a held lease.
+Backends: every attempt goes through the store's runtime driver
+(`store.runtime_driver()`, `pglease.driver`), so the same code waits on
+PostgreSQL and on SQLite.
 
-Errors: every other driver error becomes a `PgleaseError`
-(`pglease.postgres._core.driver_error`, worded with the store's limits): a
-connection that broke while the claim was in flight is a
+Busy rows: a claim that waits for the lease row's lock longer than the store's
+``lock_timeout`` (a stalled transaction holds it; on SQLite the file's write
+lock past ``busy_timeout``) changes nothing and the driver answers None;
+acquire counts that as "busy" and tries again until its own `timeout`, which
+then raises `AcquireTimeoutError` as for a held lease.
+
+Errors: the drivers raise only `PgleaseError`s (on PostgreSQL worded with the
+store's limits): a connection that broke while the claim was in flight is a
 `CommitOutcomeUnknownError` (the claim may have committed under this call's
 token), a pool or connect failure a `DatabaseUnavailableError`.
 
@@ -39,33 +44,28 @@ trip, so advancing a fake clock past the deadline ends the wait.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
-
-import psycopg
+from typing import Any, Protocol
 
 from .. import _instrument
 from .._common import claim_args
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import (
-    AcquireTimeoutError,
-    LeaseLostError,
-    LockTimeoutError,
-    PgleaseError,
-    ValidationError,
+from ..driver import (
+    AsyncRuntimeDriver,
+    ClaimAttempt,
+    ClaimRequest,
+    LeaveQueue,
+    RuntimeDriver,
 )
-from ..ids import token_hash
-from ..postgres import _core
+from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError, ValidationError
 from ..types import Claim, Owner
-from ..validation import check_timeout
+from ..validation import check_timeout, check_ttl
 from ._rooms import AsyncRoom, Member, SyncRoom, join_async, join_sync
-from ._sql import FleetQueries
 from ._timing import Timing, real_wait
 from .keeper import AsyncKeeper, Keeper
 from .lease import AsyncHeldLease, HeldLease, LostCallback
@@ -88,21 +88,17 @@ STOP_POLL = 0.25
 
 
 class SyncLeaseStore(Protocol):
-    dsn: str
-    schema: str
+    """What the blocking runtime uses of a store: the store API and its driver."""
 
-    def connection(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]: ...
+    def runtime_driver(self) -> RuntimeDriver: ...
     def ensure_resource(self, resource_type: str, key: str) -> str: ...
     def release(self, claim: Claim) -> int: ...
 
 
 class AsyncLeaseStore(Protocol):
-    dsn: str
-    schema: str
+    """What the asyncio runtime uses of a store: the store API and its driver."""
 
-    def connection(
-        self,
-    ) -> contextlib.AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+    def runtime_driver(self) -> AsyncRuntimeDriver: ...
     async def ensure_resource(self, resource_type: str, key: str) -> str: ...
     async def release(self, claim: Claim) -> int: ...
 
@@ -123,10 +119,9 @@ def _check_timeout(timeout: float | None) -> float | None:
 
 
 class _Plan:
-    """One acquire's fixed arguments and its SQL."""
+    """One acquire's fixed arguments: the claim request it repeats."""
 
-    def __init__(self, schema: str, rid: str, owner: Owner, ttl: float, fair: bool) -> None:
-        self.q = FleetQueries(schema)
+    def __init__(self, rid: str, owner: Owner, ttl: float, fair: bool) -> None:
         self.rid = rid
         self.owner = owner
         self.token, args = claim_args(rid, owner, ttl, None, None)
@@ -135,23 +130,28 @@ class _Plan:
         self.waiter = uuid.uuid4().hex if fair else None
         self.waiter_ttl = min(max(self.ttl, MIN_WAITER_TTL), MAX_WAITER_TTL)
         self.refresh_every = self.waiter_ttl / 3
+        self.request = ClaimRequest(
+            rid, owner, self.token, self.ttl, self.waiter, self.waiter_ttl if fair else None
+        )
 
-    def query(self) -> tuple[bytes, list[Any]]:
-        base = [self.rid, self.owner.type, self.owner.id, token_hash(self.token), self.ttl]
-        if self.fair:
-            return self.q.claim_fair, [*base, self.waiter, self.waiter_ttl]
-        return self.q.claim, base
+    def leave(self) -> LeaveQueue | None:
+        return None if self.waiter is None else LeaveQueue(self.rid, self.waiter)
 
-    def outcome(self, row: Sequence[Any]) -> _Outcome:
-        claimed, generation, expires_at, revision, _ht, _hid, position, head_exp, db_now = row
-        if claimed:
-            claim = Claim(self.rid, self.owner, self.token, generation, expires_at, revision)
+    def outcome(self, answer: ClaimAttempt) -> _Outcome:
+        if answer.claimed:
+            assert answer.expires_at is not None
+            claim = Claim(
+                self.rid, self.owner, self.token, answer.generation, answer.expires_at,
+                answer.revision,
+            )  # fmt: skip
             return _Outcome(claim, None)
         waits = []
-        if expires_at is not None:
-            waits.append((expires_at - db_now).total_seconds() + _EXPIRY_SLACK)
-        if position and head_exp is not None:
-            waits.append((head_exp - db_now).total_seconds() + _EXPIRY_SLACK)
+        if answer.expires_at is not None:
+            waits.append((answer.expires_at - answer.judged_at).total_seconds() + _EXPIRY_SLACK)
+        if answer.position and answer.head_expires_at is not None:
+            waits.append(
+                (answer.head_expires_at - answer.judged_at).total_seconds() + _EXPIRY_SLACK
+            )
         if self.fair:
             waits.append(self.refresh_every)
         return _Outcome(None, max(0.0, min(waits)) if waits else None)
@@ -161,31 +161,6 @@ class _Plan:
             f"could not acquire {self.rid} for {self.owner} within {timeout:g}s"
             + (" (fair queue entry removed)" if self.fair else "")
         )
-
-
-def _limits(store: object) -> _core.Limits | None:
-    """The store's time limits, to word its errors (None for other stores)."""
-    limits = getattr(store, "limits", None)
-    return limits if isinstance(limits, _core.Limits) else None
-
-
-def _busy(exc: psycopg.Error) -> bool:
-    """The claim waited out the store's lock_timeout on the lease row: nothing changed."""
-    return isinstance(exc, psycopg.errors.LockNotAvailable)
-
-
-def _attempt_error(
-    exc: psycopg.Error, broken: bool, store: SyncLeaseStore | AsyncLeaseStore, plan: _Plan
-) -> PgleaseError:
-    """A claim attempt's driver error as a PgleaseError (`broken`: the connection died)."""
-    if broken:
-        unknown = _core.claim_unknown(plan.rid, plan.owner, plan.token, plan.ttl, store.dsn)
-        return unknown(exc)
-    return _core.driver_error(exc, _limits(store), store.dsn)
-
-
-def _raise_typed(error: PgleaseError, exc: psycopg.Error) -> NoReturn:
-    raise error from _core.cause_of(error, exc)
 
 
 class _NoLock:
@@ -314,9 +289,11 @@ def _acquire_loop(
     clock: Clock,
 ) -> tuple[Claim, float]:
     timeout = _check_timeout(timeout)
+    ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
     deadline = None if timeout is None else clock.monotonic() + timeout
     rid = store.ensure_resource(resource_type, key)
-    plan = _Plan(store.schema, rid, owner, ttl, fair)
+    driver = store.runtime_driver()
+    plan = _Plan(rid, owner, ttl, fair)
     room: SyncRoom | None = None
     member: Member | None = None
     if use_watcher and timeout != 0:
@@ -327,7 +304,6 @@ def _acquire_loop(
             room.await_ready(_left(clock, deadline))
         first = True
         while True:
-            query, args = plan.query()
             if member is not None:
                 member.consume()
             # A fair waiter's first attempt creates its queue entry: one at a
@@ -335,11 +311,11 @@ def _acquire_loop(
             enqueue = room.enqueue if room is not None and fair and first else _NO_LOCK
             with enqueue:
                 started = clock.monotonic()
-                row = _attempt(store, plan, query, args)
+                answer = _attempt(driver, plan)
                 if first and room is not None and member is not None:
                     room.rank(member)
             first = False
-            outcome = _Outcome(None, BUSY_PAUSE) if row is None else plan.outcome(row)
+            outcome = _Outcome(None, BUSY_PAUSE) if answer is None else plan.outcome(answer)
             if outcome.claim is not None:
                 won = True
                 return outcome.claim, started
@@ -360,58 +336,32 @@ def _acquire_loop(
         if room is not None and member is not None:
             room.leave(member, won)
         if plan.waiter is not None and not won:
-            _leave_queue(store, plan)
+            _leave_queue(driver, plan)
 
 
-def _attempt(
-    store: SyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
-) -> Sequence[Any] | None:
-    """One claim round trip: its row, or None when the lease row stayed locked."""
+def _attempt(driver: RuntimeDriver, plan: _Plan) -> ClaimAttempt | None:
+    """One claim round trip: its answer, or None when the lease row stayed locked."""
     try:
-        row = _attempt_row(store, plan, query, args)
+        answer = driver.attempt_claim(plan.request)
     except PgleaseError:
         _instrument.recorder.claim("error")
         raise
-    _instrument.recorder.claim(_claim_outcome(row))
-    return row
+    _instrument.recorder.claim(_claim_outcome(answer))
+    return answer
 
 
-def _claim_outcome(row: Sequence[Any] | None) -> str:
+def _claim_outcome(answer: ClaimAttempt | None) -> str:
     """The claims_total outcome of one acquire attempt's answer."""
-    return "busy" if row is None else "claimed" if row[0] else "held"
+    return "busy" if answer is None else "claimed" if answer.claimed else "held"
 
 
-def _attempt_row(
-    store: SyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
-) -> Sequence[Any] | None:
+def _leave_queue(driver: RuntimeDriver, plan: _Plan) -> None:
+    leave = plan.leave()
+    if leave is None:
+        return
     try:
-        with store.connection() as conn:
-            try:
-                if (bound := _core.pooler_local_limits(store)) is None:
-                    row = conn.execute(query, args).fetchone()
-                else:
-                    # BEGIN, the limits and the claim in one round trip, then COMMIT.
-                    with conn.pipeline(), conn.transaction():
-                        conn.execute(bound)
-                        row = conn.execute(query, args).fetchone()
-            except psycopg.Error as exc:
-                if _busy(exc):
-                    log.debug("acquire %s: lease row locked (lock_timeout), retrying", plan.rid)
-                    return None
-                _raise_typed(_attempt_error(exc, conn.broken, store, plan), exc)
-    except psycopg.Error as exc:  # checking a connection out: nothing was sent
-        _raise_typed(_core.driver_error(exc, _limits(store), store.dsn), exc)
-    except LockTimeoutError:  # a store that words 55P03 itself
-        return None
-    assert row is not None
-    return tuple(row)
-
-
-def _leave_queue(store: SyncLeaseStore, plan: _Plan) -> None:
-    try:
-        with store.connection() as conn:
-            conn.execute(plan.q.leave_queue, [plan.waiter])
-    except (psycopg.Error, PgleaseError) as exc:
+        driver.leave_queue(leave)
+    except PgleaseError as exc:
         # Unreachable database: the entry runs out by itself within waiter_ttl.
         log.warning("could not remove fair-queue entry of %s: %s", plan.owner, exc)
 
@@ -503,7 +453,7 @@ def hold(
                 lease._lose(
                     f"the database no longer had it at release ({exc})", cause="not_current"
                 )
-            except (psycopg.Error, PgleaseError) as exc:
+            except PgleaseError as exc:
                 log.warning(
                     "could not release %s (it expires by itself): %s", claim.resource_id, exc
                 )
@@ -552,9 +502,11 @@ async def _acquire_loop_async(
     clock: Clock,
 ) -> tuple[Claim, float]:
     timeout = _check_timeout(timeout)
+    ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
     deadline = None if timeout is None else clock.monotonic() + timeout
     rid = await store.ensure_resource(resource_type, key)
-    plan = _Plan(store.schema, rid, owner, ttl, fair)
+    driver = store.runtime_driver()
+    plan = _Plan(rid, owner, ttl, fair)
     room: AsyncRoom | None = None
     member: Member | None = None
     if use_watcher and timeout != 0:
@@ -565,17 +517,16 @@ async def _acquire_loop_async(
             await room.await_ready(_left(clock, deadline))
         first = True
         while True:
-            query, args = plan.query()
             if member is not None:
                 member.consume()
             enqueue = room.enqueue if room is not None and fair and first else _NO_ALOCK
             async with enqueue:
                 started = clock.monotonic()
-                row = await _attempt_async(store, plan, query, args)
+                answer = await _attempt_async(driver, plan)
                 if first and room is not None and member is not None:
                     room.rank(member)
             first = False
-            outcome = _Outcome(None, BUSY_PAUSE) if row is None else plan.outcome(row)
+            outcome = _Outcome(None, BUSY_PAUSE) if answer is None else plan.outcome(answer)
             if outcome.claim is not None:
                 won = True
                 return outcome.claim, started
@@ -593,55 +544,28 @@ async def _acquire_loop_async(
         if room is not None and member is not None:
             room.leave(member, won)  # synchronous: done even when cancelled
         # Shielded: a cancelled waiter still takes its queue entry with it.
-        cleanup = asyncio.ensure_future(_cleanup_async(store, plan, won))
+        cleanup = asyncio.ensure_future(_cleanup_async(driver, plan, won))
         await asyncio.shield(cleanup)
 
 
-async def _attempt_async(
-    store: AsyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
-) -> Sequence[Any] | None:
+async def _attempt_async(driver: AsyncRuntimeDriver, plan: _Plan) -> ClaimAttempt | None:
     """The asyncio twin of `_attempt`."""
     try:
-        row = await _attempt_row_async(store, plan, query, args)
+        answer = await driver.attempt_claim(plan.request)
     except PgleaseError:
         _instrument.recorder.claim("error")
         raise
-    _instrument.recorder.claim(_claim_outcome(row))
-    return row
+    _instrument.recorder.claim(_claim_outcome(answer))
+    return answer
 
 
-async def _attempt_row_async(
-    store: AsyncLeaseStore, plan: _Plan, query: bytes, args: list[Any]
-) -> Sequence[Any] | None:
-    try:
-        async with store.connection() as conn:
-            try:
-                if (bound := _core.pooler_local_limits(store)) is None:
-                    row = await (await conn.execute(query, args)).fetchone()
-                else:
-                    async with conn.pipeline(), conn.transaction():
-                        await conn.execute(bound)
-                        row = await (await conn.execute(query, args)).fetchone()
-            except psycopg.Error as exc:
-                if _busy(exc):
-                    log.debug("acquire %s: lease row locked (lock_timeout), retrying", plan.rid)
-                    return None
-                _raise_typed(_attempt_error(exc, conn.broken, store, plan), exc)
-    except psycopg.Error as exc:
-        _raise_typed(_core.driver_error(exc, _limits(store), store.dsn), exc)
-    except LockTimeoutError:
-        return None
-    assert row is not None
-    return tuple(row)
-
-
-async def _cleanup_async(store: AsyncLeaseStore, plan: _Plan, won: bool) -> None:
-    if plan.waiter is None or won:
+async def _cleanup_async(driver: AsyncRuntimeDriver, plan: _Plan, won: bool) -> None:
+    leave = plan.leave()
+    if leave is None or won:
         return
     try:
-        async with store.connection() as conn:
-            await conn.execute(plan.q.leave_queue, [plan.waiter])
-    except (psycopg.Error, PgleaseError) as exc:
+        await driver.leave_queue(leave)
+    except PgleaseError as exc:
         log.warning("could not remove fair-queue entry of %s: %s", plan.owner, exc)
 
 
@@ -733,6 +657,6 @@ async def _release_async(store: AsyncLeaseStore, lease: AsyncHeldLease) -> None:
         await store.release(lease.claim)
     except LeaseLostError as exc:
         lease._lose(f"the database no longer had it at release ({exc})", cause="not_current")
-    except (psycopg.Error, PgleaseError) as exc:
+    except PgleaseError as exc:
         log.warning("could not release %s (it expires by itself): %s", lease.resource_id, exc)
     lease._close("released on exit")

@@ -19,13 +19,10 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-import psycopg
-
 from ..clock import SYSTEM_CLOCK, Clock
+from ..driver.runtime_api import Leader as Leader
 from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError, UnknownResourceError
 from ..ids import resource_id
 from ..types import Owner, ResourceState
@@ -39,15 +36,6 @@ log = logging.getLogger("pglease.fleet")
 #: The resource type elections use; the election name is the key.
 ELECTION_TYPE = "election"
 _RETRY = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class Leader:
-    """The current leader of an election and its term (the lease generation)."""
-
-    owner: Owner
-    generation: int
-    expires_at: datetime
 
 
 def _leader_of(state: ResourceState) -> Leader | None:
@@ -168,7 +156,7 @@ class Election:
                 )  # fmt: skip
             except AcquireTimeoutError:
                 break
-            except (PgleaseError, psycopg.Error, OSError) as exc:
+            except (PgleaseError, OSError) as exc:
                 log.warning("election %s: campaign failed, retrying: %s", self.name, exc)
                 self._stop.wait(_RETRY)
                 continue
@@ -190,7 +178,7 @@ class Election:
                     # another candidate can be elected.
                     _call(self._on_deposed, lease, "on_deposed")
                     deposed = True
-                    with contextlib.suppress(LeaseLostError, PgleaseError, psycopg.Error):
+                    with contextlib.suppress(LeaseLostError, PgleaseError):
                         self._store.release(lease.claim)
                 lease._close("resigned")
             if not deposed:
@@ -302,7 +290,7 @@ class AsyncElection:
                     self._store, ELECTION_TYPE, self.name, self.candidate, self.timing.ttl,
                     None, self._fair, True, keeper.clock,
                 )  # fmt: skip
-            except (PgleaseError, psycopg.Error, OSError) as exc:
+            except (PgleaseError, OSError) as exc:
                 log.warning("election %s: campaign failed, retrying: %s", self.name, exc)
                 await asyncio.sleep(_RETRY)
                 continue
@@ -325,7 +313,7 @@ class AsyncElection:
                     # Deposed before the release, as in the sync twin.
                     _call(self._on_deposed, lease, "on_deposed")
                     deposed = True
-                    with contextlib.suppress(LeaseLostError, PgleaseError, psycopg.Error):
+                    with contextlib.suppress(LeaseLostError, PgleaseError):
                         await self._store.release(lease.claim)
                 lease._close("resigned")
             if not deposed:

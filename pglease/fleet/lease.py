@@ -25,6 +25,7 @@ from datetime import datetime
 
 from .. import _instrument
 from ..clock import SYSTEM_CLOCK, Clock
+from ..driver import HeartbeatItem
 from ..errors import LeaseLostError
 from ..types import Claim, Owner, Permit
 from ._timing import Timing, real_wait
@@ -60,6 +61,9 @@ class _LeaseBase:
         self._callbacks: list[LostCallback] = []
         #: Successful heartbeats so far.
         self.renewals = 0
+        #: What each beat sends for this lease. Built once: renewals change
+        #: only the expiry, which a heartbeat does not send.
+        self.heartbeat_item = HeartbeatItem(claim, timing.ttl)
 
     # --- read-only view -------------------------------------------------------
 

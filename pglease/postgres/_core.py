@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg_pool import PoolClosed, PoolTimeout
 
 # Backend-neutral helpers live in `pglease._common`; re-exported here so existing
@@ -63,6 +62,7 @@ from ..errors import (
 from ..migrations import MigrationState
 from ..types import Claim, Owner, Permit
 from ..validation import check_positive_seconds
+from ._sqltext import for_schema
 
 DEFAULT_SCHEMA = "pglease"
 
@@ -423,11 +423,7 @@ class Queries:
     """The SQL of one schema, composed once per store."""
 
     def __init__(self, schema: str):
-        s = sql.Identifier(schema)
-
-        def q(text: str) -> bytes:
-            return sql.SQL(text).format(s=s).as_string(None).encode()
-
+        q = for_schema(schema)
         self.ensure = q("SELECT {s}.ensure_resource(%s, %s)")
         self.claim = q(
             "SELECT * FROM {s}.claim(%s, %s, %s, %s, %s::float8, %s::bigint, %s::timestamptz)"

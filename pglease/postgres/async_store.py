@@ -37,6 +37,7 @@ from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, NotSentError, from_micros
 from ._reuse_async import AsyncConnectionStack, discard
+from .runtime import AsyncPgRuntime
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -110,6 +111,7 @@ class AsyncPostgresStore:
         self._connect_timeout = connect_timeout
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._conns: AsyncConnectionStack | None = None
+        self._runtime = AsyncPgRuntime(self)
         # sync: self._open()
 
     @property
@@ -484,6 +486,10 @@ class AsyncPostgresStore:
         return read.events(await self._rows(read.query, read.args))
 
     # --- fleet runtime (see pglease.fleet) -------------------------------------------
+
+    def runtime_driver(self) -> AsyncPgRuntime:
+        """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
+        return self._runtime
 
     def hold(
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any

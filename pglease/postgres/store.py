@@ -37,6 +37,7 @@ from . import _core
 from ._core import DEFAULT_SCHEMA, Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, NotSentError, from_micros
 from ._reuse import ConnectionStack, discard
+from .runtime import PgRuntime
 
 if TYPE_CHECKING:
     from ..clock import Clock
@@ -110,6 +111,7 @@ class PostgresStore:
         self._connect_timeout = connect_timeout
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._conns: ConnectionStack | None = None
+        self._runtime = PgRuntime(self)
         self._open()
 
     @property
@@ -459,6 +461,10 @@ class PostgresStore:
         return read.events(self._rows(read.query, read.args))
 
     # --- fleet runtime (see pglease.fleet) -------------------------------------------
+
+    def runtime_driver(self) -> PgRuntime:
+        """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
+        return self._runtime
 
     def hold(
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any

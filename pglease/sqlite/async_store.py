@@ -12,13 +12,15 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import Future
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..driver.runtime_api import Leader, runtime
 from ..errors import StoreClosedError
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ._db import DEFAULT_BUSY_TIMEOUT, check_busy_timeout, check_path
+from .runtime import AsyncSqliteRuntime
 from .store import SqliteStore
 
 T = TypeVar("T")
@@ -26,6 +28,7 @@ AsyncApply = Callable[[sqlite3.Connection], Awaitable[T]]
 
 
 if TYPE_CHECKING:
+    from .._watch_common import HubTuning
     from ..clock import Clock
     from .watch import AsyncSqliteWatcher
 
@@ -45,6 +48,7 @@ class AsyncSqliteStore:
         self.busy_timeout = check_busy_timeout(busy_timeout)
         self._auto_migrate = auto_migrate
         self._sync: SqliteStore | None = None
+        self._runtime = AsyncSqliteRuntime(self)
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], **kwargs: Any) -> AsyncSqliteStore:
@@ -199,6 +203,42 @@ class AsyncSqliteStore:
         """Committed events after `cursor`, as `SqliteStore.events_after`."""
         return await asyncio.to_thread(self.sync_store.events_after, cursor, limit)
 
+    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+
+    def runtime_driver(self) -> AsyncSqliteRuntime:
+        """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
+        return self._runtime
+
+    def hold(
+        self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
+    ) -> AbstractAsyncContextManager[Any]:
+        """Hold a lease for a block, renewed by the loop's keeper task: ``async with
+        store.hold(type, key, owner, ttl) as lease:``; see `pglease.fleet.hold_async`."""
+        return runtime().hold_async(self, resource_type, key, owner, ttl, **options)
+
+    async def acquire(
+        self,
+        resource_type: str,
+        key: str,
+        owner: Owner,
+        ttl: float,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Claim:
+        """Wait for the lease and claim it; see `pglease.fleet.acquire_async`."""
+        return await runtime().acquire_async(
+            self, resource_type, key, owner, ttl, timeout, **options
+        )
+
+    async def elect(self, name: str, candidate: Owner, **options: Any) -> Any:
+        """Campaign for leadership of `name` (a running `pglease.fleet.AsyncElection`);
+        see `pglease.fleet.elect_async`."""
+        return await runtime().elect_async(self, name, candidate, **options)
+
+    async def leader(self, name: str) -> Leader | None:
+        """The current leader of election `name` and its generation, if any."""
+        return await runtime().leader_async(self, name)
+
     def watch(
         self,
         *,
@@ -206,12 +246,21 @@ class AsyncSqliteStore:
         types: Iterable[str] | str | None = None,
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
-        interval: float = 0.05,
+        mode: str | None = None,
+        interval: float | None = None,
+        max_pending: int = 10_000,
         retry_window: float = 30.0,
         clock: Clock | None = None,
+        tuning: HubTuning | None = None,
     ) -> AsyncSqliteWatcher:
         """Stream committed events from `after` (a cursor, "now" or "start") by polling
-        the event table every `interval` seconds; see `pglease.sqlite.watch`."""
+        the event table every `interval` seconds (50 ms default).
+
+        The arguments are `PostgresStore.watch`'s: `mode` None or "poll" (SQLite
+        has no LISTEN: "listen" is refused), at most `max_pending` events read
+        and not handed out (a watcher further behind reads the rest later,
+        nothing is lost), `tuning` accepted and unused (no hub). See
+        `pglease.sqlite.watch`."""
         from .watch import AsyncSqliteWatcher
 
         return AsyncSqliteWatcher(
@@ -220,9 +269,12 @@ class AsyncSqliteStore:
             types=types,
             resources=resources,
             event_types=event_types,
+            mode=mode,
             interval=interval,
+            max_pending=max_pending,
             retry_window=retry_window,
             clock=clock,
+            tuning=tuning,
         )
 
 

@@ -20,13 +20,14 @@ import hmac
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _common, _instrument, cursor_check
 from ..cursors import Cursor, parse_cursor
+from ..driver.runtime_api import Leader, runtime
 from ..errors import (
     InvalidCursorError,
     LeaseExpiredError,
@@ -87,7 +88,9 @@ def _parse_event(row: Sequence[Any]) -> Event:
 
 
 if TYPE_CHECKING:
+    from .._watch_common import HubTuning
     from ..clock import Clock
+    from .runtime import SqliteRuntime
     from .watch import SqliteWatcher
 
 
@@ -191,6 +194,50 @@ def _bump(
     return int(row[0]), cur.lastrowid
 
 
+def claim_locked(
+    conn: sqlite3.Connection,
+    lease: _Lease,
+    otype: str,
+    oid: str,
+    token_sha: bytes,
+    ttl_s: float,
+    t: int,
+) -> tuple[int, int, int] | None:
+    """Under the write lock, at store time `t`: take `lease` unless it is live.
+
+    Returns (generation, expires_at, revision) of the new claim, or None.
+    """
+    rid = lease.resource_id
+    if lease.live(t):
+        return None
+    if lease.owner_id is not None:
+        # A holder still recorded ran out without a release: record that
+        # generation's expiry first, as the PostgreSQL claim does (sql/0007)
+        # so both backends give watchers the same history. SQLite has no
+        # reaper, so no earlier `lease.expired` for it can exist.
+        _bump(
+            conn,
+            rid,
+            t,
+            "lease.expired",
+            lease.owner_type,
+            lease.owner_id,
+            lease.generation,
+            lease.expires_at,
+            None,
+        )
+    generation = lease.generation + 1
+    expires = t + ttl_us(ttl_s)
+    conn.execute(
+        "UPDATE leases SET generation = ?, owner_type = ?, owner_id = ?,"
+        " token_sha256 = ?, acquired_at = ?, heartbeat_at = ?, expires_at = ?"
+        " WHERE resource_id = ?",
+        (generation, otype, oid, token_sha, t, t, expires, rid),
+    )
+    revision, _ = _bump(conn, rid, t, "lease.claimed", otype, oid, generation, expires, None)
+    return generation, expires, revision
+
+
 def _store_payload(conn: sqlite3.Connection, body: str, now: int) -> bytes:
     sha = hashlib.sha256(body.encode("utf-8")).digest()
     cur = conn.execute(
@@ -222,6 +269,7 @@ class SqliteStore:
         self.path = check_path(path)
         self.busy_timeout = check_busy_timeout(busy_timeout)
         self._db = Database(self.path, self.busy_timeout)
+        self._runtime: SqliteRuntime | None = None
         try:
             self._db.open()
             if auto_migrate:
@@ -300,35 +348,10 @@ class SqliteStore:
             _check_revision(lease, expected)
             # Judge expiry after the lock wait.
             t = clock_us(given_now)
-            if lease.live(t):
-                return None
-            if lease.owner_id is not None:
-                # A holder still recorded ran out without a release: record that
-                # generation's expiry first, as the PostgreSQL claim does (sql/0007)
-                # so both backends give watchers the same history. SQLite has no
-                # reaper, so no earlier `lease.expired` for it can exist.
-                _bump(
-                    conn,
-                    rid,
-                    t,
-                    "lease.expired",
-                    lease.owner_type,
-                    lease.owner_id,
-                    lease.generation,
-                    lease.expires_at,
-                    None,
-                )
-            generation = lease.generation + 1
-            expires = t + ttl_us(ttl_s)
-            conn.execute(
-                "UPDATE leases SET generation = ?, owner_type = ?, owner_id = ?,"
-                " token_sha256 = ?, acquired_at = ?, heartbeat_at = ?, expires_at = ?"
-                " WHERE resource_id = ?",
-                (generation, otype, oid, token_sha, t, t, expires, rid),
-            )
-            revision, _ = _bump(
-                conn, rid, t, "lease.claimed", otype, oid, generation, expires, None
-            )
+            taken = claim_locked(conn, lease, otype, oid, token_sha, ttl_s, t)
+        if taken is None:
+            return None
+        generation, expires, revision = taken
         return Claim(rid, owner, token, generation, from_us(expires), revision)
 
     def renew(
@@ -546,6 +569,45 @@ class SqliteStore:
         ).fetchall()
         return [_parse_event(r) for r in rows]
 
+    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+
+    def runtime_driver(self) -> SqliteRuntime:
+        """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
+        if self._runtime is None:
+            from .runtime import SqliteRuntime
+
+            self._runtime = SqliteRuntime(self)
+        return self._runtime
+
+    def hold(
+        self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
+    ) -> AbstractContextManager[Any]:
+        """Hold a lease for a block, renewed by the store's keeper thread: ``with
+        store.hold(type, key, owner, ttl) as lease:``; see `pglease.fleet.hold`."""
+        return runtime().hold(self, resource_type, key, owner, ttl, **options)
+
+    def acquire(
+        self,
+        resource_type: str,
+        key: str,
+        owner: Owner,
+        ttl: float,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Claim:
+        """Wait for the lease and claim it (``fair=True``: in arrival order, across
+        processes); see `pglease.fleet.acquire`."""
+        return runtime().acquire(self, resource_type, key, owner, ttl, timeout, **options)
+
+    def elect(self, name: str, candidate: Owner, **options: Any) -> Any:
+        """Campaign for leadership of `name` (a running `pglease.fleet.Election`);
+        see `pglease.fleet.elect`."""
+        return runtime().elect(self, name, candidate, **options)
+
+    def leader(self, name: str) -> Leader | None:
+        """The current leader of election `name` and its generation, if any."""
+        return runtime().leader(self, name)
+
     def watch(
         self,
         *,
@@ -553,12 +615,21 @@ class SqliteStore:
         types: Iterable[str] | str | None = None,
         resources: Iterable[str] | str | None = None,
         event_types: Iterable[str] | str | None = None,
-        interval: float = 0.05,
+        mode: str | None = None,
+        interval: float | None = None,
+        max_pending: int = 10_000,
         retry_window: float = 30.0,
         clock: Clock | None = None,
+        tuning: HubTuning | None = None,
     ) -> SqliteWatcher:
         """Stream committed events from `after` (a cursor, "now" or "start") by polling
-        the event table every `interval` seconds; see `pglease.sqlite.watch`."""
+        the event table every `interval` seconds (50 ms default).
+
+        The arguments are `PostgresStore.watch`'s: `mode` None or "poll" (SQLite
+        has no LISTEN: "listen" is refused), at most `max_pending` events read
+        and not handed out (a watcher further behind reads the rest later,
+        nothing is lost), `tuning` accepted and unused (no hub). See
+        `pglease.sqlite.watch`."""
         from .watch import SqliteWatcher
 
         return SqliteWatcher(
@@ -567,9 +638,12 @@ class SqliteStore:
             types=types,
             resources=resources,
             event_types=event_types,
+            mode=mode,
             interval=interval,
+            max_pending=max_pending,
             retry_window=retry_window,
             clock=clock,
+            tuning=tuning,
         )
 
 

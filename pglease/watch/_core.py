@@ -8,42 +8,37 @@ catch-up reads to the hub's stream by comparing positions alone.
 
 from __future__ import annotations
 
-import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from psycopg import sql
 
-from ..clock import Clock
+# Re-exported: the watch package's modules and tests import them from here.
+from .._watch_common import DEFAULT_RETRY_WINDOW as DEFAULT_RETRY_WINDOW
+from .._watch_common import RETRY_DELAYS as RETRY_DELAYS
+from .._watch_common import Filters as Filters
+from .._watch_common import Mode as Mode
+from .._watch_common import Trouble as _Trouble
+from .._watch_common import WatchHealth as WatchHealth
+from .._watch_common import cannot_heal as cannot_heal
+from .._watch_common import check_interval as check_interval
+from .._watch_common import check_mode as check_mode
+from .._watch_common import check_retry_window as check_retry_window
+from .._watch_common import describe_plain
+from .._watch_common import log as log
+from .._watch_common import make_health as make_health
+from .._watch_common import sqlstate_of as sqlstate_of
 from ..cursors import START, Position, cursor_check, encode_cursor, fingerprint
 from ..dsn import redact_text
-from ..errors import (
-    CursorExpiredError,
-    ValidationError,
-    WatchClosedError,
-    WatchError,
-    WatchFailedError,
-)
+from ..errors import CursorExpiredError, WatchClosedError
 from ..payloads import decode_payload
 from ..types import Event, Owner
-from ..validation import check_event_type, check_resource_id, check_resource_type, describe
 
 #: The biggest position; the hub reads with no upper bound.
 END = Position(2**64 - 1, 2**63 - 1)
 PAGE = 1000
-
-Mode = Literal["listen", "poll"]
-
-log = logging.getLogger("pglease.watch")
-
-#: How long an error may persist (reads failing, reconnects refused) before
-#: the watchers get it: long enough to ride out a server restart or failover.
-DEFAULT_RETRY_WINDOW = 30.0
-#: Retry delays after a failed read or connect; the last one repeats.
-RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def channel_name(schema: str) -> str:
@@ -151,78 +146,6 @@ def _event(r: Sequence[Any], cursor: str) -> Event:
 
 def parse_frontier(row: Sequence[Any]) -> tuple[Position, Position]:
     return Position(int(row[0]), 0), Position(int(row[1]), int(row[2]))
-
-
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """Which events a watcher yields; None means no restriction."""
-
-    types: frozenset[str] | None = None
-    resources: frozenset[str] | None = None
-    event_types: frozenset[str] | None = None
-
-    @classmethod
-    def build(
-        cls,
-        types: Iterable[str] | str | None,
-        resources: Iterable[str] | str | None,
-        event_types: Iterable[str] | str | None,
-    ) -> Filters:
-        return cls(
-            _set(types, check_resource_type, "types"),
-            _set(resources, check_resource_id, "resources"),
-            _set(event_types, _check_watch_event_type, "event_types"),
-        )
-
-    @property
-    def unfiltered(self) -> bool:
-        return self.types is None and self.resources is None and self.event_types is None
-
-    def match(self, event: Event) -> bool:
-        return (
-            (self.types is None or event.resource_type in self.types)
-            and (self.resources is None or event.resource_id in self.resources)
-            and (self.event_types is None or event.type in self.event_types)
-        )
-
-
-def _check_watch_event_type(value: object) -> str:
-    # Watchers may ask for the reserved `lease.*` types that writers may not use.
-    if isinstance(value, str) and value.startswith("lease."):
-        check_event_type("x" + value[len("lease") :])
-        return value
-    return check_event_type(value)
-
-
-def _set(
-    values: Iterable[str] | str | None, check: Callable[[object], str], what: str
-) -> frozenset[str] | None:
-    if values is None:
-        return None
-    if isinstance(values, str):
-        values = [values]
-    # A bool, a number or an arbitrary object (types=False) is a caller's mistake;
-    # iterating it would raise a bare TypeError.
-    if not isinstance(values, Iterable):
-        raise ValidationError(
-            f"{what} must be a str, a collection of str or None, got {type(values).__name__}"
-        )
-    checked = frozenset(check(v) for v in values)
-    if not checked:
-        raise ValidationError("an empty filter would match nothing; pass None for no filter")
-    return checked
-
-
-def check_interval(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
-        raise ValidationError(f"{what} must be a number of seconds in (0, 3600]")
-    return float(value)
-
-
-def check_mode(value: object) -> Mode:
-    if value not in ("listen", "poll"):
-        raise ValidationError(f"mode must be 'listen' or 'poll', got {describe(value)}")
-    return "listen" if value == "listen" else "poll"
 
 
 @dataclass(slots=True)
@@ -388,178 +311,13 @@ def closed_error() -> WatchClosedError:
 
 # ------------------------------------------------------------------ errors and health
 
-#: SQLSTATE classes no retry heals: 42 (access rule violation or a missing
-#: object: 42501 insufficient_privilege, 42P01 undefined_table, 42883
-#: undefined_function) and 28 (invalid authorization).
-_PERMANENT_CLASSES = ("42", "28")
-#: Single SQLSTATEs no retry heals: 3F000 invalid_schema_name, 3D000 the
-#: database does not exist, 0A000 feature_not_supported (a pooler that
-#: refuses LISTEN or prepared statements).
-_PERMANENT_STATES = frozenset({"3F000", "3D000", "0A000"})
-
-
-def sqlstate_of(exc: BaseException) -> str | None:
-    state = getattr(exc, "sqlstate", None)
-    return state if isinstance(state, str) else None
-
-
-def cannot_heal(exc: BaseException) -> bool:
-    """True for errors that retrying cannot fix (privileges, missing objects)."""
-    state = sqlstate_of(exc)
-    return state is not None and (state in _PERMANENT_STATES or state[:2] in _PERMANENT_CLASSES)
-
 
 def describe_error(exc: BaseException) -> str:
     """One line naming the error and its SQLSTATE, without any password."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    state = sqlstate_of(exc)
-    head = type(exc).__name__ + (f" [{state}]" if state else "")
-    return redact_text(f"{head}: {'; '.join(lines) or 'no detail'}")
+    return redact_text(describe_plain(exc))
 
 
-def check_retry_window(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
-        raise ValidationError("retry_window must be a number of seconds in (0, 86400]")
-    return float(value)
+class Trouble(_Trouble):
+    """`_watch_common.Trouble` for PostgreSQL readers: messages mask passwords."""
 
-
-def _wall(seconds: float | None) -> datetime | None:
-    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
-
-
-class Trouble:
-    """The error state of one reader (the hub, or a watcher catching up).
-
-    `record` notes an error and says whether to give up: at once when it
-    cannot heal, else once errors have persisted for `window` seconds on
-    `clock` (a success in between, `healed`, starts the window again).
-    """
-
-    def __init__(self, clock: Clock, window: float, what: str) -> None:
-        self.clock = clock
-        self.window = window
-        self.what = what
-        self.last_error: str | None = None
-        self.last_error_wall: float | None = None
-        #: Monotonic and wall time of the first error of the current run; None: healthy.
-        self.failing_since: float | None = None
-        self.failing_since_wall: float | None = None
-        self.attempts = 0
-
-    def record(
-        self, exc: BaseException, permanent: bool | None = None, hint: str = ""
-    ) -> WatchFailedError | None:
-        """Note `exc`; return the error for the consumers when it is time to give up.
-
-        `permanent` overrides the SQLSTATE rule (`cannot_heal`) for non-PostgreSQL errors.
-        """
-        now = self.clock.monotonic()
-        self.last_error = describe_error(exc)
-        self.last_error_wall = self.clock.time()
-        if self.failing_since is None:
-            self.failing_since = now
-            self.failing_since_wall = self.last_error_wall
-        self.attempts += 1
-        if cannot_heal(exc) if permanent is None else permanent:
-            error = WatchFailedError(
-                f"{self.what} failed with an error retrying cannot fix: {self.last_error}"
-                f"{hint or _hint(exc)}"
-            )
-        elif now - self.failing_since >= self.window:
-            error = WatchFailedError(
-                f"{self.what} kept failing for {now - self.failing_since:.1f} s (retry window"
-                f" {self.window:g} s, {self.attempts} attempts): {self.last_error}"
-            )
-        else:
-            # Powers of two: a long outage logs a handful of lines, not one a second.
-            if self.attempts & (self.attempts - 1) == 0:
-                log.warning(
-                    "%s: %s (attempt %d, retrying for up to %g s)",
-                    self.what, self.last_error, self.attempts, self.window,
-                )  # fmt: skip
-            return None
-        error.__cause__ = exc
-        log.error("%s: giving up: %s", self.what, error)
-        return error
-
-    def healed(self) -> None:
-        """A read succeeded: the current run of errors is over."""
-        if self.failing_since is not None:
-            log.info(
-                "%s: recovered after %d failed attempts (%.1f s)",
-                self.what, self.attempts, self.clock.monotonic() - self.failing_since,
-            )  # fmt: skip
-            self.failing_since = self.failing_since_wall = None
-            self.attempts = 0
-
-    def delay(self) -> float:
-        return RETRY_DELAYS[min(self.attempts - 1, len(RETRY_DELAYS) - 1)]
-
-
-def _hint(exc: BaseException) -> str:
-    state = sqlstate_of(exc)
-    if state == "42501":
-        return " (the role lacks a privilege: grant it pglease's reader or client role)"
-    if state in ("3F000", "42P01", "42883"):
-        return " (the schema or its objects are missing: run `pglease migrate`)"
-    if state == "0A000":
-        return " (the server or pooler refuses a feature: try mode='poll' behind a pooler)"
-    return ""
-
-
-@dataclass(frozen=True, slots=True)
-class WatchHealth:
-    """A snapshot of how a watcher's reads are going (`watcher.health`)."""
-
-    #: The watcher gave up (its get/iteration raises `failed_error`).
-    failed: bool
-    #: The error it gave up with, if any.
-    failed_error: WatchError | None
-    #: The last read or connect error, healed or not (None: none so far).
-    last_error: str | None
-    last_error_at: datetime | None
-    #: When the current run of errors began; None while reads succeed.
-    failing_since: datetime | None
-    #: Events waiting in this watcher's queue, not handed out yet: a lower bound
-    #: of its lag (events the hub has not read or handed over are not counted).
-    lag_events: int
-    #: Seconds since the stream last read the log, while it is failing; 0 otherwise.
-    lag_seconds: float
-    #: Connections the stream re-opened after losing one.
-    reconnects: int
-    #: When the stream last read the log successfully.
-    last_read_at: datetime | None
-
-    @property
-    def healthy(self) -> bool:
-        return not self.failed and self.failing_since is None
-
-
-def make_health(
-    *,
-    troubles: Sequence[Trouble],
-    failed: BaseException | None,
-    lag_events: int,
-    reconnects: int,
-    last_read: float | None,
-    last_read_wall: float | None,
-    clock: Clock,
-) -> WatchHealth:
-    """Combine the error states of a watcher's readers into one `WatchHealth`."""
-    seen = [t for t in troubles if t.last_error_wall is not None]
-    latest = max(seen, key=lambda t: t.last_error_wall or 0.0, default=None)
-    failing = [t.failing_since_wall for t in troubles if t.failing_since_wall is not None]
-    lag = 0.0
-    if failing or failed is not None:
-        lag = clock.monotonic() - last_read if last_read is not None else 0.0
-    return WatchHealth(
-        failed=failed is not None,
-        failed_error=failed if isinstance(failed, WatchError) else None,
-        last_error=latest.last_error if latest is not None else None,
-        last_error_at=_wall(latest.last_error_wall if latest is not None else None),
-        failing_since=_wall(min(failing)) if failing else None,
-        lag_events=lag_events,
-        lag_seconds=max(0.0, lag),
-        reconnects=reconnects,
-        last_read_at=_wall(last_read_wall),
-    )
+    describe = staticmethod(describe_error)

@@ -30,6 +30,8 @@ from psycopg.adapt import Transformer
 from psycopg.errors import error_from_result
 
 from .. import _instrument, cursor_check
+from .._watch_common import DEFAULT_TUNING as DEFAULT_TUNING
+from .._watch_common import HubTuning as HubTuning
 from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import Cursor, Position, encode_cursor, fingerprint
 from ..errors import CursorExpiredError, ForeignCursorError, WatchError, WatchFailedError
@@ -62,51 +64,6 @@ def _one() -> int:
     return 1
 
 
-#: First re-poll delay while a read was held back by in-flight transactions;
-#: doubled while nothing changes, up to MAX_REPOLL, reset on progress.
-MIN_REPOLL = 0.001
-MAX_REPOLL = 0.05
-#: Under load the hub spaces its reads instead of reading once per NOTIFY:
-#: each read costs the server about as much as a write, and each batch costs
-#: every consumer a wake-up (a thread switch or an asyncio task step, several
-#: to tens of microseconds each). Above LIGHT_RATE events/s the next read
-#: starts no earlier than READ_SPACING after the previous one, or
-#: SPACING_PER_CONSUMER per consumer woken by a batch when that is more, up
-#: to MAX_READ_SPACING; scaled down linearly between LIGHT_RATE and FULL_RATE.
-#: That bounds both the wake-ups per second and the latency added. Below
-#: LIGHT_RATE reads are never spaced.
-READ_SPACING = 0.008
-SPACING_PER_CONSUMER = 0.00025
-MAX_READ_SPACING = 0.025
-LIGHT_RATE = 1500.0
-FULL_RATE = 3000.0
-#: Listen mode: above this rate the hub UNLISTENs and polls at the read
-#: spacing; it LISTENs again below LIGHT_RATE. (LIGHT_RATE is high enough
-#: that a fair-queue handoff, a release then one waiter's claim, is never
-#: held up by spacing: those run at a few hundred per second.)
-UNLISTEN_RATE = FULL_RATE
-#: Weight of the newest read in the event-rate estimate.
-RATE_SMOOTHING = 0.2
-
-
-@dataclass(frozen=True, slots=True)
-class HubTuning:
-    """The hub's load thresholds (the module constants above are the defaults).
-
-    Tests use tiny rates to reach the "under load" branch with a handful of
-    events; production code has no reason to change them.
-    """
-
-    light_rate: float = LIGHT_RATE
-    full_rate: float = FULL_RATE
-    unlisten_rate: float = UNLISTEN_RATE
-    read_spacing: float = READ_SPACING
-    spacing_per_consumer: float = SPACING_PER_CONSUMER
-    max_read_spacing: float = MAX_READ_SPACING
-    rate_smoothing: float = RATE_SMOOTHING
-
-
-DEFAULT_TUNING = HubTuning()
 #: The name of the hub's prepared read on its own connection.
 READ_STATEMENT = b"pglease_watch_read"
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
@@ -309,7 +266,7 @@ class Hub:
                 self._tip = Position(int(row[0]), 0)
                 for deliver in self._subscribers.values():
                     deliver(Start(self._tip))
-        repoll = MIN_REPOLL
+        repoll = self.tuning.min_repoll
         # Smoothed events per read and seconds between reads: their ratio is the
         # recent event rate (a ratio of averages, so that two reads an instant
         # apart do not read as a burst).
@@ -352,14 +309,14 @@ class Hub:
                     listening = self.listening = True
                     continue
             if held_back:
-                repoll = MIN_REPOLL if progressed else min(repoll * 2, MAX_REPOLL)
+                repoll = tuning.min_repoll if progressed else min(repoll * 2, tuning.max_repoll)
                 timeout = repoll
             else:
-                repoll = MIN_REPOLL
+                repoll = tuning.min_repoll
                 # Stopped listening under load: the spacing wait above already
                 # paced this read, so poll again at once, until the load drops.
                 paused = self.mode == "listen" and not listening
-                timeout = MIN_REPOLL if paused else self.interval
+                timeout = tuning.min_repoll if paused else self.interval
             self._wait(conn, timeout, listening)
 
     def _wait(self, conn: psycopg.Connection[Any], timeout: float, listening: bool) -> None:

@@ -19,13 +19,10 @@ import threading
 from collections import deque
 from typing import Final
 
+from .._watch_common import DEFAULT_MAX_PENDING as DEFAULT_MAX_PENDING
+from .._watch_common import check_max_pending as check_max_pending
 from ..cursors import Position
-from ..errors import ValidationError
-from ..validation import describe
 from ._core import Batch, Message
-
-#: Default bound: queued events per watcher before it reads from the log instead.
-DEFAULT_MAX_PENDING = 10_000
 
 
 class Overflow:
@@ -41,12 +38,6 @@ OVERFLOW: Final = Overflow()
 
 #: What a consumer takes out of a mailbox; None means "closed".
 Item = Message | Overflow | None
-
-
-def check_max_pending(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError(f"max_pending must be an int >= 1, got {describe(value)}")
-    return value
 
 
 class WakeChain:
@@ -204,6 +195,10 @@ class SyncMailbox:
             tip = self._dropped_tip
         assert tip is not None
         return tip
+
+
+#: The blocking twin of `AsyncMailbox` by the generator's naming (`Async` dropped).
+Mailbox = SyncMailbox
 
 
 class AsyncMailbox:

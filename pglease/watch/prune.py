@@ -8,11 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from .. import _instrument
 from ..errors import DatabaseError, PgleaseError, ValidationError
 from ..postgres._core import pooler_local_limits, translate
+from ..postgres._sqltext import for_schema
 from .watcher import AsyncStore, SyncStore
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -92,9 +92,7 @@ class _Queries:
     """The three statements of a chunked prune, for one schema."""
 
     def __init__(self, schema: str) -> None:
-        def q(text: str) -> bytes:
-            return sql.SQL(text).format(s=sql.Identifier(schema)).as_string(None).encode()
-
+        q = for_schema(schema)
         # By the database clock, once: later chunks keep the same cutoff, so
         # a prune ends even while new events keep arriving.
         self.cutoff = q("SELECT clock_timestamp() - make_interval(secs => %s)")

@@ -11,10 +11,10 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from ..cli_support import EXIT_OK, open_store, print_json
-from .model import SessionInfo, SessionSnapshot, lane_names
-from .postgres import PostgresSessionRepository
-from .repository import SessionListing, SessionRepository, read_session_file
+from ..sessions.model import SessionInfo, SessionSnapshot, lane_names
+from ..sessions.postgres import PostgresSessionRepository
+from ..sessions.repository import SessionListing, SessionRepository, read_session_file
+from .support import EXIT_OK, open_store, print_json
 
 
 def _when(ms: int | None) -> str | None:

@@ -34,7 +34,15 @@ import threading
 from types import FrameType
 from typing import Any
 
-from ..cli_support import (
+from ..durations import duration_arg
+from ..errors import UnknownResourceError
+from ..fleet._timing import Timing
+from ..fleet.election import ELECTION_TYPE, Election
+from ..fleet.lease import HeldLease
+from ..ids import resource_id
+from ..validation import check_ttl
+from . import hold as hold_cli
+from .support import (
     EXIT_HELD,
     EXIT_OK,
     connect_direct,
@@ -45,14 +53,6 @@ from ..cli_support import (
     owner_arg,
     print_json,
 )
-from ..durations import duration_arg
-from ..errors import UnknownResourceError
-from ..ids import resource_id
-from ..validation import check_ttl
-from . import cli as hold_cli
-from ._timing import Timing
-from .election import ELECTION_TYPE, Election
-from .lease import HeldLease
 
 #: `leader` when nobody leads; also `elect --timeout` running out (as `hold`).
 EXIT_NO_LEADER = 3

@@ -17,12 +17,12 @@ from typing import Any
 
 import psycopg
 
-from .dsn import redact_dsn, resolve_dsn_source
-from .errors import InvalidTokenError
-from .postgres import PostgresStore
-from .postgres._core import pooler_mode, unavailable
-from .types import Owner
-from .validation import check_token
+from ..dsn import redact_dsn, resolve_dsn_source
+from ..errors import InvalidTokenError
+from ..postgres import PostgresStore
+from ..postgres._core import pooler_mode, unavailable
+from ..types import Owner
+from ..validation import check_token
 
 ENV_TOKEN = "PGLEASE_TOKEN"
 
@@ -178,7 +178,7 @@ def print_json(value: Any) -> None:
 
 def fail(message: str, code: int = EXIT_ERROR) -> int:
     """Print one error line (passwords masked) to stderr and return `code`."""
-    from .dsn import redact_text
+    from ..dsn import redact_text
 
     one_line = " ".join(message.split())
     print(f"pglease: error: {redact_text(one_line)}", file=sys.stderr, flush=True)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .cli_support import EXIT_OK, print_json
-from .embedded import EmbeddedStatus, embedded_status, stop_embedded
+from ..embedded import EmbeddedStatus, embedded_status, stop_embedded
+from .support import EXIT_OK, print_json
 
 #: `status` when the server is not running.
 EXIT_NOT_RUNNING = 3

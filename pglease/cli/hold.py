@@ -42,13 +42,13 @@ from typing import Any
 
 import psycopg
 
-from ..cli_support import EXIT_HELD, EXIT_USAGE, fail, open_store, owner_arg
 from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError
+from ..fleet._timing import Timing, real_wait
+from ..fleet.acquire import hold
+from ..fleet.keeper import Keeper
+from ..fleet.lease import HeldLease
 from ..types import Claim
-from ._timing import Timing, real_wait
-from .acquire import hold
-from .keeper import Keeper
-from .lease import HeldLease
+from .support import EXIT_HELD, EXIT_USAGE, fail, open_store, owner_arg
 
 #: Exit code when the lease was lost while the command ran (EX_TEMPFAIL).
 EXIT_LEASE_LOST = 75

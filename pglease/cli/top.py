@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from .cli_support import EXIT_OK, EXIT_USAGE, fail, open_store, sigterm_as_interrupt
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import DatabaseUnavailableError
-from .listing import iter_resources
-from .postgres import PostgresStore
-from .postgres._core import driver_error
-from .validation import check_resource_type
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import DatabaseUnavailableError
+from ..listing import iter_resources
+from ..postgres import PostgresStore
+from ..postgres._core import driver_error
+from ..validation import check_resource_type
+from .support import EXIT_OK, EXIT_USAGE, fail, open_store, sigterm_as_interrupt
 
 if TYPE_CHECKING:  # rich is imported when the view runs, not by every CLI command
     from rich.console import Console
 
-    from .top import TopModel
+    from ..top import TopModel
 
 __all__ = ["register", "run", "warnings_to"]
 
@@ -197,7 +197,7 @@ def run(
     from rich.console import Console
     from rich.live import Live
 
-    from .top import TopModel
+    from ..top import TopModel
 
     console = console or Console()
     model = TopModel(schema=store.schema, clock=clock)

@@ -12,14 +12,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..cli_support import EXIT_OK, EXIT_USAGE, fail, open_store, print_json, sigterm_as_interrupt
 from ..durations import duration_arg
 from ..errors import CursorExpiredError, PgleaseError, ValidationError
 from ..types import Event, Owner
-from ._core import check_interval
-from .prune import DEFAULT_CHUNK, check_chunk, prune
-from .reaper import Reaper, reap_once
-from .watcher import Watcher
+from ..watch._core import check_interval
+from ..watch.prune import DEFAULT_CHUNK, check_chunk, prune
+from ..watch.reaper import Reaper, reap_once
+from ..watch.watcher import Watcher
+from .support import EXIT_OK, EXIT_USAGE, fail, open_store, print_json, sigterm_as_interrupt
 
 #: Exit code when the cursor is older than the prune horizon.
 EXIT_CURSOR_EXPIRED = 5

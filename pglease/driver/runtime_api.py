@@ -1,0 +1,58 @@
+"""The fleet runtime's entry points, for the stores' facade methods.
+
+The stores sit below the runtime (tests/test_layering.py): a store module may
+not import `pglease.fleet`. So the runtime hands its entry points to this
+module when it is imported (`pglease/__init__.py` imports it, and every
+``pglease.*`` import runs that first), and `SqliteStore.hold` and friends
+call them from here: the store depends on this interface, the runtime
+provides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from ..errors import PgleaseError
+from ..types import Claim, Owner
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """The current leader of an election and its term (the lease generation)."""
+
+    owner: Owner
+    generation: int
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeEntryPoints:
+    """`pglease.fleet`'s functions, each taking the store as its first argument."""
+
+    hold: Callable[..., AbstractContextManager[Any]]
+    hold_async: Callable[..., AbstractAsyncContextManager[Any]]
+    acquire: Callable[..., Claim]
+    acquire_async: Callable[..., Awaitable[Claim]]
+    elect: Callable[..., Any]
+    elect_async: Callable[..., Awaitable[Any]]
+    leader: Callable[[Any, str], Leader | None]
+    leader_async: Callable[[Any, str], Awaitable[Leader | None]]
+
+
+_provided: list[RuntimeEntryPoints] = []
+
+
+def provide(entry_points: RuntimeEntryPoints) -> None:
+    """Called once by `pglease.fleet` when it is imported."""
+    _provided[:] = [entry_points]
+
+
+def runtime() -> RuntimeEntryPoints:
+    """The fleet runtime's entry points (a `PgleaseError` if it was never imported)."""
+    if not _provided:
+        raise PgleaseError("the fleet runtime is not loaded: import pglease.fleet first")
+    return _provided[0]
