@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -32,11 +31,6 @@ def to_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` off the event loop (a blocking call, say SQLite);
     a direct call in the twin."""
     return fn(*args, **kwargs)
-
-
-def sleep(seconds: float) -> None:
-    """Sleep without holding up the event loop (or the thread, in the twin)."""
-    time.sleep(seconds)
 
 
 def fetched_in_thread(
