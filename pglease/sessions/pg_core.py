@@ -630,6 +630,34 @@ class ReplayIndex(IndexCore):
         self._reads.clear()
 
 
+def send(conn: psycopg.Connection[Any], batches: Sequence[Batch]) -> None:
+    """Run write batches in order on a blocking connection."""
+    if batches:
+        with conn.cursor() as cur:
+            for query, rows in batches:
+                cur.executemany(query, rows)
+
+
+class PgBranchIndex(IndexCore):
+    """The branch index on a blocking connection, in the caller's transaction:
+    a read the caches cannot answer flushes the buffered writes, then queries.
+    (The asyncio store cannot block inside the algorithm: it uses `ReplayIndex`.)"""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], q: Sql, session_id: str, **kwargs: Any
+    ) -> None:
+        super().__init__(q, session_id, **kwargs)
+        self.conn = conn
+
+    def flush(self) -> None:
+        """Send the buffered segment inserts, tip moves and rows."""
+        send(self.conn, self.pending())
+
+    def fetch(self, query: bytes, params: Row) -> list[Row]:
+        self.flush()
+        return self.conn.execute(query, params).fetchall()
+
+
 # --- commits -------------------------------------------------------------------------------------
 
 
