@@ -400,8 +400,12 @@ def test_each_commit_is_one_fenced_mutation(
             [AppendEntry("message", None, {"message": 1}, id="a"), SetRegister("n", "k", 1)]
         )
         revision = session.revision
-        session.renew()  # a renew bumps the revision: the handle follows it
-        assert session.revision == revision + 1
+        expires_at = pg_store.get(rid).lease.expires_at
+        assert expires_at is not None
+        session.renew()  # a heartbeat: the expiry moves on, the revision and the log do not
+        assert session.revision == revision == pg_store.get(rid).revision
+        renewed = pg_store.get(rid).lease.expires_at
+        assert renewed is not None and renewed > expires_at
         session.append_message("a", msg("b"))
         assert pg_store.get(rid).revision == session.revision
     types = events(pg_store, "s")
@@ -409,7 +413,6 @@ def test_each_commit_is_one_fenced_mutation(
         "lease.claimed",
         "session.created",
         "session.commit",
-        "lease.renewed",
         "session.commit",
         "lease.released",
     ]
@@ -422,6 +425,19 @@ def test_each_commit_is_one_fenced_mutation(
         "usage": 0,
         "registers": 1,
     }
+
+
+def test_an_idle_session_writes_no_event(
+    pg_repo: PostgresSessionRepository, pg_store: PostgresStore
+) -> None:
+    with pg_repo.create("s") as session:
+        rid = session.resource_id
+        revision = pg_store.get(rid).revision
+        for _ in range(5):  # what the background renewer does every renew_interval
+            session.renew()
+        assert pg_store.get(rid).revision == revision == session.revision
+        assert [t for t, _ in events(pg_store, "s")] == ["lease.claimed", "session.created"]
+        assert session.append_message(None, msg("after")).seq == 3  # the lease still fences
 
 
 def test_failed_commit_leaves_no_revision_or_event(

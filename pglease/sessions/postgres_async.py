@@ -35,6 +35,7 @@ the blocking flavour.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -48,9 +49,11 @@ from typing import Any, TypeVar
 import psycopg
 
 from .._compat_async import Background, Event, Lock, fetched_in_thread, thread_lock, to_thread
+from ..driver.protocol import HeartbeatItem
 from ..errors import (
     AcquireTimeoutError,
     LeaseLostError,
+    LockTimeoutError,
     PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
@@ -58,6 +61,7 @@ from ..errors import (
 from ..fleet.acquire import _acquire_async
 from ..ids import resource_id
 from ..postgres import AsyncPostgresStore
+from ..postgres.runtime import AsyncPgRuntime
 from ..types import Claim, Owner, Permit
 from ..validation import check_timeout
 from .branch_index import BranchQuery
@@ -472,6 +476,7 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
         self._id = session_id
         self._rid = claim.resource_id
         self._claim = claim
+        self._beats = AsyncPgRuntime(self._store)
         self._revision = revision
         self._next_seq = next_seq
         self._lease_seconds = repository.lease_seconds
@@ -574,12 +579,18 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
         async with self._lock:
             self._usable()
             started = time.monotonic()
-            try:
-                claim = await self._store.renew(self._claim, self._lease_seconds)
-            except LeaseLostError as exc:
-                raise self._mark_lost(f"no longer current: {exc}") from None
-            self._claim = claim
-            self._revision = claim.revision
+            # A heartbeat, not store.renew(): it extends the expiry only, so an
+            # open session bumps no revision and writes no event while it idles.
+            item = HeartbeatItem(self._claim, self._lease_seconds)
+            [beat] = await self._beats.heartbeat([item])
+            if beat.status == "busy":
+                # The lease row is locked by a write in flight; the loop retries.
+                raise LockTimeoutError(
+                    f"session {self._id}: the writer lease row was locked during renewal"
+                )
+            if beat.status != "renewed" or beat.expires_at is None:
+                raise self._mark_lost(f"no longer current: the heartbeat found it {beat.status}")
+            self._claim = dataclasses.replace(self._claim, expires_at=beat.expires_at)
             self._trusted_until = started + self._lease_seconds
 
     async def close(self) -> None:
