@@ -43,6 +43,8 @@ CLIENT_FUNCTIONS = (
     "leave_queue",
     "reap_next",
     "reap_expired",
+    "session_import_chunk",
+    "session_import_registers",
 )
 #: Tables every pglease role reads whole.
 READ_TABLES = (

@@ -93,6 +93,7 @@ from .pg_core import (
     RESOURCE_TYPE,
     Batch,
     ChunkBuilder,
+    ChunkIndex,
     ChunkSizer,
     CommitBuilder,
     IndexCore,
@@ -111,11 +112,12 @@ from .pg_core import (
     entry_from_row,
     first_page_for,
     import_gone,
+    import_refusal,
     new_owner_id,
     new_session_plan,
     pooler_limits,
-    register_batches,
     register_from_row,
+    registers_call,
     sized_chunks,
     stale_import_problem,
     translate_unique,
@@ -207,10 +209,11 @@ def write_plan_rows(
 
 
 def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> None:
-    """One import chunk, in the caller's transaction: lookups in one round trip,
-    the branch index, then the token check and every write in one more (the
-    check first: the xid is taken only then, see `ChunkBuilder`)."""
-    build = ChunkBuilder(q, session_id, token, entries, PgBranchIndex(conn, q, session_id))
+    """One import chunk on an autocommit connection: plain reads (the lookups in
+    one round trip, then what the branch index asks for), then every write in
+    one `session_import_chunk` call, the chunk's only write transaction."""
+    index = ChunkIndex(q, session_id, lambda query, params: conn.execute(query, params).fetchall())
+    build = ChunkBuilder(q, session_id, token, entries, index)
     lookups = build.lookups()
     results: dict[str, list[Row]] = {}
     if lookups:
@@ -224,21 +227,15 @@ def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[
     except PgleaseError:
         # A parent missing may mean a cleanup took the import over and purged
         # it: say that rather than blame the source.
-        build.touched(conn.execute(*build.touch()).fetchall())
+        build.checked(conn.execute(*build.alive()).fetchall())
         raise
-    with conn.pipeline():
-        touch = conn.execute(*build.touch())
-        send(conn, build.batches())
-        rows = touch.fetchall()
-    build.touched(rows)
+    conn.execute(*build.call())
 
 
 def _write_registers(
     conn: Conn, q: Sql, session_id: str, token: str, registers: list[Register]
 ) -> None:
-    if not conn.execute(q.touch_import, (session_id, token)).fetchall():
-        raise import_gone(session_id)
-    send(conn, register_batches(q, session_id, registers))
+    conn.execute(*registers_call(q, session_id, token, registers))
 
 
 def _stream_entries(conn: Conn, q: Sql, query: bytes, params: Row) -> Iterator[Entry]:
@@ -1021,14 +1018,18 @@ class PostgresSessionRepository:
 
     # -- chunked imports --
 
-    def _in_transaction(self, fn: Callable[[Conn], T]) -> T:
-        """One short write transaction of an import or a purge."""
+    def _in_transaction(self, fn: Callable[[Conn], T], transaction: bool = True) -> T:
+        """One short write transaction of an import or a purge (`transaction=False`:
+        `fn` on the autocommit connection, each statement its own transaction)."""
         conn: Conn | None = None
         try:
-            with self.store.connection() as conn, conn.transaction():
-                return fn(conn)
+            with self.store.connection() as conn:
+                if not transaction:
+                    return fn(conn)
+                with conn.transaction():
+                    return fn(conn)
         except psycopg.Error as exc:
-            error = (
+            error = import_refusal(exc) or (
                 translate_unique(exc)
                 if isinstance(exc, psycopg.errors.UniqueViolation)
                 else driver_error(self.store, exc, conn is not None and conn.broken)
@@ -1149,7 +1150,8 @@ class PostgresSessionRepository:
                 self._in_transaction(
                     functools.partial(
                         _write_chunk, q=q, session_id=session_id, token=token, entries=part
-                    )
+                    ),
+                    transaction=False,
                 )
                 sizer.record(time.monotonic() - began)
                 written += len(part)
@@ -1163,7 +1165,8 @@ class PostgresSessionRepository:
                 self._in_transaction(
                     functools.partial(
                         _write_registers, q=q, session_id=session_id, token=token, registers=regs
-                    )
+                    ),
+                    transaction=False,
                 )
             # A create() of this id racing the import claims and releases the lease
             # in one breath: wait for it rather than throw the import away.

@@ -86,6 +86,7 @@ from .pg_core import (
     RESOURCE_TYPE,
     Batch,
     ChunkBuilder,
+    ChunkIndex,
     ChunkSizer,
     CommitBuilder,
     Miss,
@@ -105,11 +106,12 @@ from .pg_core import (
     entry_from_row,
     first_page_for,
     import_gone,
+    import_refusal,
     new_owner_id,
     new_session_plan,
     pooler_limits,
-    register_batches,
     register_from_row,
+    registers_call,
     sized_chunks,
     stale_import_problem,
     translate_unique,
@@ -195,7 +197,7 @@ async def _write_chunk(
     conn: AConn, q: Sql, session_id: str, token: str, entries: list[Entry]
 ) -> None:
     """Asyncio twin of `postgres._write_chunk`."""
-    index = ReplayIndex(q, session_id)
+    index = ChunkIndex(q, session_id)
     build = ChunkBuilder(q, session_id, token, entries, index)
     lookups = build.lookups()
     results: dict[str, list[Row]] = {}
@@ -206,24 +208,29 @@ async def _write_chunk(
     try:
         build.start(results)
         for i in range(len(entries)):
-            await _replay(conn, index, functools.partial(build.step, i))
+            await _read_into(conn, index, functools.partial(build.step, i))
     except PgleaseError:
         # A missing parent may mean a cleanup took the import over: say so.
-        build.touched(await (await conn.execute(*build.touch())).fetchall())
+        build.checked(await (await conn.execute(*build.alive())).fetchall())
         raise
-    async with conn.pipeline():
-        touch = await conn.execute(*build.touch())
-        await _send(conn, build.batches())
-        rows = await touch.fetchall()
-    build.touched(rows)
+    await conn.execute(*build.call())
+
+
+async def _read_into(conn: AConn, index: ChunkIndex, step: Callable[[], T]) -> T:
+    """Run a step of an import chunk's branch index, fetching the reads it
+    misses (nothing is written before the chunk's one call)."""
+    while True:
+        try:
+            return step()
+        except Miss as miss:
+            cur = await conn.execute(miss.query, miss.params)
+            index.supply(miss, await cur.fetchall())
 
 
 async def _write_registers(
     conn: AConn, q: Sql, session_id: str, token: str, registers: list[Register]
 ) -> None:
-    if not await (await conn.execute(q.touch_import, (session_id, token))).fetchall():
-        raise import_gone(session_id)
-    await _send(conn, register_batches(q, session_id, registers))
+    await conn.execute(*registers_call(q, session_id, token, registers))
 
 
 #: How long the file-writing thread of a fork waits for one fetch of the
@@ -1017,13 +1024,18 @@ class AsyncPostgresSessionRepository:
 
     # -- chunked imports (see the sync twin) --
 
-    async def _in_transaction(self, fn: Callable[[AConn], Awaitable[T]]) -> T:
+    async def _in_transaction(
+        self, fn: Callable[[AConn], Awaitable[T]], transaction: bool = True
+    ) -> T:
         conn: AConn | None = None
         try:
-            async with self.store.connection() as conn, conn.transaction():
-                return await fn(conn)
+            async with self.store.connection() as conn:
+                if not transaction:
+                    return await fn(conn)
+                async with conn.transaction():
+                    return await fn(conn)
         except psycopg.Error as exc:
-            error = (
+            error = import_refusal(exc) or (
                 translate_unique(exc)
                 if isinstance(exc, psycopg.errors.UniqueViolation)
                 else driver_error(self.store, exc, conn is not None and conn.broken)
@@ -1143,7 +1155,8 @@ class AsyncPostgresSessionRepository:
                 await self._in_transaction(
                     functools.partial(
                         _write_chunk, q=q, session_id=session_id, token=token, entries=part
-                    )
+                    ),
+                    transaction=False,
                 )
                 sizer.record(time.monotonic() - began)
                 written += len(part)
@@ -1157,7 +1170,8 @@ class AsyncPostgresSessionRepository:
                 await self._in_transaction(
                     functools.partial(
                         _write_registers, q=q, session_id=session_id, token=token, registers=regs
-                    )
+                    ),
+                    transaction=False,
                 )
             claim, started = await self._claim(session_id, rid, IMPORT_CLAIM_WAIT)
             created_at = None if self.now_ms is None else self.now_ms()
