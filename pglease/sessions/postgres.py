@@ -208,10 +208,11 @@ def write_plan_rows(
         send(conn, build.batches())
 
 
-def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> None:
+def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> float:
     """One import chunk on an autocommit connection: plain reads (the lookups in
     one round trip, then what the branch index asks for), then every write in
-    one `session_import_chunk` call, the chunk's only write transaction."""
+    one `session_import_chunk` call, the chunk's only write transaction.
+    Returns the seconds of that call (what the chunk sizer bounds)."""
     index = ChunkIndex(q, session_id, lambda query, params: conn.execute(query, params).fetchall())
     build = ChunkBuilder(q, session_id, token, entries, index)
     lookups = build.lookups()
@@ -229,7 +230,9 @@ def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[
         # it: say that rather than blame the source.
         build.checked(conn.execute(*build.alive()).fetchall())
         raise
+    began = time.monotonic()
     conn.execute(*build.call())
+    return time.monotonic() - began
 
 
 def _write_registers(
@@ -1146,14 +1149,13 @@ class PostgresSessionRepository:
             written = messages = last_seq = 0
             sizer = ChunkSizer(size)
             for part in sized_chunks(stream.entries, sizer):
-                began = time.monotonic()
-                self._in_transaction(
+                seconds = self._in_transaction(
                     functools.partial(
                         _write_chunk, q=q, session_id=session_id, token=token, entries=part
                     ),
                     transaction=False,
                 )
-                sizer.record(time.monotonic() - began)
+                sizer.record(seconds)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)

@@ -195,7 +195,7 @@ async def write_plan_rows_async(
 
 async def _write_chunk(
     conn: AConn, q: Sql, session_id: str, token: str, entries: list[Entry]
-) -> None:
+) -> float:
     """Asyncio twin of `postgres._write_chunk`."""
     index = ChunkIndex(q, session_id)
     build = ChunkBuilder(q, session_id, token, entries, index)
@@ -213,7 +213,9 @@ async def _write_chunk(
         # A missing parent may mean a cleanup took the import over: say so.
         build.checked(await (await conn.execute(*build.alive())).fetchall())
         raise
+    began = time.monotonic()
     await conn.execute(*build.call())
+    return time.monotonic() - began
 
 
 async def _read_into(conn: AConn, index: ChunkIndex, step: Callable[[], T]) -> T:
@@ -1151,14 +1153,13 @@ class AsyncPostgresSessionRepository:
             sizer = ChunkSizer(size)
             parts = sized_chunks(stream.entries, sizer)
             while (part := await asyncio.to_thread(next, parts, None)) is not None:
-                began = time.monotonic()
-                await self._in_transaction(
+                seconds = await self._in_transaction(
                     functools.partial(
                         _write_chunk, q=q, session_id=session_id, token=token, entries=part
                     ),
                     transaction=False,
                 )
-                sizer.record(time.monotonic() - began)
+                sizer.record(seconds)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)
