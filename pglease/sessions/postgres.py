@@ -208,7 +208,9 @@ def write_plan_rows(
         send(conn, build.batches())
 
 
-def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> float:
+def _write_chunk(
+    conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry], limits: bytes | None
+) -> float:
     """One import chunk on an autocommit connection: plain reads (the lookups in
     one round trip, then what the branch index asks for), then every write in
     one `session_import_chunk` call, the chunk's only write transaction.
@@ -231,14 +233,31 @@ def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[
         build.checked(conn.execute(*build.alive()).fetchall())
         raise
     began = time.monotonic()
-    conn.execute(*build.call())
+    _call(conn, build.call(), limits)
     return time.monotonic() - began
 
 
 def _write_registers(
-    conn: Conn, q: Sql, session_id: str, token: str, registers: list[Register]
+    conn: Conn,
+    q: Sql,
+    session_id: str,
+    token: str,
+    registers: list[Register],
+    limits: bytes | None,
 ) -> None:
-    conn.execute(*registers_call(q, session_id, token, registers))
+    _call(conn, registers_call(q, session_id, token, registers), limits)
+
+
+def _call(conn: Conn, call: tuple[bytes, Row], limits: bytes | None) -> None:
+    """A chunk's call: alone in autocommit; in pooler mode (`limits`, no
+    session SET bounds it there) after the store's limits in one pipelined
+    transaction, BEGIN to COMMIT sent at once."""
+    if limits is None:
+        conn.execute(*call)
+        return
+    with conn.pipeline(), conn.transaction():
+        conn.execute(limits)
+        conn.execute(*call)
 
 
 def _stream_entries(conn: Conn, q: Sql, query: bytes, params: Row) -> Iterator[Entry]:
@@ -1030,6 +1049,8 @@ class PostgresSessionRepository:
                 if not transaction:
                     return fn(conn)
                 with conn.transaction():
+                    if (limits := pooler_limits(self.store)) is not None:
+                        conn.execute(limits)  # no session SET bounds it behind a pooler
                     return fn(conn)
         except psycopg.Error as exc:
             error = import_refusal(exc) or (
@@ -1147,11 +1168,17 @@ class PostgresSessionRepository:
         self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
+            limits = pooler_limits(self.store)
             sizer = ChunkSizer(size)
             for part in sized_chunks(stream.entries, sizer):
                 seconds = self._in_transaction(
                     functools.partial(
-                        _write_chunk, q=q, session_id=session_id, token=token, entries=part
+                        _write_chunk,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        entries=part,
+                        limits=limits,
                     ),
                     transaction=False,
                 )
@@ -1166,7 +1193,12 @@ class PostgresSessionRepository:
             for regs in chunks(registers, size):
                 self._in_transaction(
                     functools.partial(
-                        _write_registers, q=q, session_id=session_id, token=token, registers=regs
+                        _write_registers,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        registers=regs,
+                        limits=limits,
                     ),
                     transaction=False,
                 )

@@ -194,7 +194,7 @@ async def write_plan_rows_async(
 
 
 async def _write_chunk(
-    conn: AConn, q: Sql, session_id: str, token: str, entries: list[Entry]
+    conn: AConn, q: Sql, session_id: str, token: str, entries: list[Entry], limits: bytes | None
 ) -> float:
     """Asyncio twin of `postgres._write_chunk`."""
     index = ChunkIndex(q, session_id)
@@ -214,7 +214,7 @@ async def _write_chunk(
         build.checked(await (await conn.execute(*build.alive())).fetchall())
         raise
     began = time.monotonic()
-    await conn.execute(*build.call())
+    await _call(conn, build.call(), limits)
     return time.monotonic() - began
 
 
@@ -230,9 +230,24 @@ async def _read_into(conn: AConn, index: ChunkIndex, step: Callable[[], T]) -> T
 
 
 async def _write_registers(
-    conn: AConn, q: Sql, session_id: str, token: str, registers: list[Register]
+    conn: AConn,
+    q: Sql,
+    session_id: str,
+    token: str,
+    registers: list[Register],
+    limits: bytes | None,
 ) -> None:
-    await conn.execute(*registers_call(q, session_id, token, registers))
+    await _call(conn, registers_call(q, session_id, token, registers), limits)
+
+
+async def _call(conn: AConn, call: tuple[bytes, Row], limits: bytes | None) -> None:
+    """Asyncio twin of `postgres._call`."""
+    if limits is None:
+        await conn.execute(*call)
+        return
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(limits)
+        await conn.execute(*call)
 
 
 #: How long the file-writing thread of a fork waits for one fetch of the
@@ -1035,6 +1050,8 @@ class AsyncPostgresSessionRepository:
                 if not transaction:
                     return await fn(conn)
                 async with conn.transaction():
+                    if (limits := pooler_limits(self.store)) is not None:
+                        await conn.execute(limits)  # no session SET bounds it behind a pooler
                     return await fn(conn)
         except psycopg.Error as exc:
             error = import_refusal(exc) or (
@@ -1150,12 +1167,18 @@ class AsyncPostgresSessionRepository:
         await self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
+            limits = pooler_limits(self.store)
             sizer = ChunkSizer(size)
             parts = sized_chunks(stream.entries, sizer)
             while (part := await asyncio.to_thread(next, parts, None)) is not None:
                 seconds = await self._in_transaction(
                     functools.partial(
-                        _write_chunk, q=q, session_id=session_id, token=token, entries=part
+                        _write_chunk,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        entries=part,
+                        limits=limits,
                     ),
                     transaction=False,
                 )
@@ -1170,7 +1193,12 @@ class AsyncPostgresSessionRepository:
             for regs in chunks(registers, size):
                 await self._in_transaction(
                     functools.partial(
-                        _write_registers, q=q, session_id=session_id, token=token, registers=regs
+                        _write_registers,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        registers=regs,
+                        limits=limits,
                     ),
                     transaction=False,
                 )
