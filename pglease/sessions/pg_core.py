@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 import psycopg
@@ -955,15 +955,13 @@ class ChunkIndex(IndexCore):
     Reads go to the server without flushing (plain reads outside any
     transaction: the rows of earlier chunks, which no one but this import
     writes while its token holds) and are merged here with the chunk's own
-    buffered writes. With `fetch` the reads block; without it a read not
-    supplied yet raises `Miss`, as `ReplayIndex` does (the server's rows do
-    not change during the chunk, so supplied reads stay valid)."""
+    buffered writes. A read not supplied yet raises `Miss`, as in
+    `ReplayIndex`; the driver fetches it, `supply()`s the rows and runs the
+    step again (the server's rows do not change during the chunk, so
+    supplied reads stay valid across writes)."""
 
-    def __init__(
-        self, q: Sql, session_id: str, fetch: Callable[[bytes, Row], list[Row]] | None = None
-    ) -> None:
+    def __init__(self, q: Sql, session_id: str) -> None:
         super().__init__(q, session_id)
-        self._fetch = fetch
         self._reads: dict[tuple[bytes, Row], list[Row]] = {}
         self._created: set[str] = set()
         self._own: dict[str, list[BranchRow]] = {}  # buffered rows by branch, seq order
@@ -972,9 +970,7 @@ class ChunkIndex(IndexCore):
     def fetch(self, query: bytes, params: Row) -> list[Row]:
         found = self._reads.get((query, params))
         if found is None:
-            if self._fetch is None:
-                raise Miss(query, params)
-            found = self._reads[(query, params)] = self._fetch(query, params)
+            raise Miss(query, params)
         return found
 
     def supply(self, miss: Miss, rows: list[Row]) -> None:

@@ -97,6 +97,7 @@ from .pg_core import (
     ChunkSizer,
     CommitBuilder,
     IndexCore,
+    Miss,
     PlanBuilder,
     Row,
     SeqMoved,
@@ -215,7 +216,7 @@ def _write_chunk(
     one round trip, then what the branch index asks for), then every write in
     one `session_import_chunk` call, the chunk's only write transaction.
     Returns the seconds of that call (what the chunk sizer bounds)."""
-    index = ChunkIndex(q, session_id, lambda query, params: conn.execute(query, params).fetchall())
+    index = ChunkIndex(q, session_id)
     build = ChunkBuilder(q, session_id, token, entries, index)
     lookups = build.lookups()
     results: dict[str, list[Row]] = {}
@@ -226,7 +227,7 @@ def _write_chunk(
     try:
         build.start(results)
         for i in range(len(entries)):
-            build.step(i)
+            _read_into(conn, index, functools.partial(build.step, i))
     except PgleaseError:
         # A parent missing may mean a cleanup took the import over and purged
         # it: say that rather than blame the source.
@@ -235,6 +236,17 @@ def _write_chunk(
     began = time.monotonic()
     _call(conn, build.call(), limits)
     return time.monotonic() - began
+
+
+def _read_into(conn: Conn, index: ChunkIndex, step: Callable[[], T]) -> T:
+    """Run a step of an import chunk's branch index, fetching the reads it
+    misses (nothing is written before the chunk's one call)."""
+    while True:
+        try:
+            return step()
+        except Miss as miss:
+            cur = conn.execute(miss.query, miss.params)
+            index.supply(miss, cur.fetchall())
 
 
 def _write_registers(
