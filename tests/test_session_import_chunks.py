@@ -327,6 +327,53 @@ def test_chunked_imports_of_random_trees_equal_the_plan(
         assert index_rows(pg_dsn, schema, new_id) == reference, chunk
 
 
+COMPACTION = {"summary": "s", "retainedTail": [], "tokensBefore": 1, "fromHook": False}
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+async def test_a_divergence_after_a_tip_moved_in_the_same_chunk_equals_the_plan(
+    pg_repo: PostgresSessionRepository,
+    apg_repo: AsyncPostgresSessionRepository,
+    files: SessionRepository,
+    pg_dsn: str,
+    schema: str,
+    use_async: bool,
+) -> None:
+    """Chunks of 2: [r, c], [p, x], [y, q], [z, w] (c a compaction; x and y
+    children of p, q of y, z of x, w of p). Before the last chunk p has rows
+    in segment r (tip x) and in segment y (tip q, the newest on the server);
+    the last chunk moves r's tip to z, unsent, then w diverges off p, so the
+    covering segment is read from the server and merged with that move. The
+    index equals the plan's written in one transaction, w based at (r, c)."""
+    entries = [("r", None, "message"), ("c", "r", "compaction"), ("p", "c", "message")]
+    entries += [("x", "p", "message"), ("y", "p", "message"), ("q", "y", "message")]
+    entries += [("z", "x", "message"), ("w", "p", "message")]
+    with files.create("div") as session:
+        session.commit(
+            [
+                AppendEntry(
+                    kind, parent, COMPACTION if kind == "compaction" else {"message": msg(i)}, id=i
+                )
+                for i, parent, kind in entries
+            ]
+            + [SetRegister("lane.leaf", "main", "w")]
+        )
+    path = files.path_for("div")
+    with pg_repo.create_from_plan(plan_fork(read_session_file(path), "div", "tree"), "ref"):
+        pass
+    if use_async:
+        async with await apg_repo.import_file(path, id="imp", chunk_entries=2):
+            pass
+    else:
+        with pg_repo.import_file(path, id="imp", chunk_entries=2):
+            pass
+    reference = index_rows(pg_dsn, schema, "ref")
+    # seqs 1-2 are the lane registers: r is 3, c 4, w 10
+    assert ("w", "w", 10, "r", 4) in reference["meta"]
+    assert ("y", "p", 5, "message") in reference["entries"]  # p has a row in y too
+    assert index_rows(pg_dsn, schema, "imp") == reference
+
+
 async def test_async_chunked_import_of_a_random_tree_equals_the_sync_one(
     pg_repo: PostgresSessionRepository,
     apg_repo: AsyncPostgresSessionRepository,

@@ -300,14 +300,19 @@ class Sql:
         )
         # -- import chunks as one statement each (sql/0015_session_import_chunks.sql)
         self.import_alive = q("SELECT 1 FROM {s}.sessions WHERE id = %s AND import_token = %s")
-        # Every segment holding a row for the entry (covering_segment's
-        # candidates, merged with a chunk's unsent writes by ChunkIndex).
-        self.covering_segments = q(
+        # covering_segment's best on the server, plus the segments among the
+        # given ones (those whose tip a chunk moved, unsent) that hold the
+        # entry: ChunkIndex judges them with their new tips.
+        covering = (
             "SELECT m.branch_id, m.tip_entry_id, m.tip_seq, m.base_branch_id, m.base_seq"
             " FROM {s}.session_branch_entries AS e JOIN {s}.session_branch_meta AS m"
             " ON m.session_id = e.session_id AND m.branch_id = e.branch_id"
             " WHERE e.session_id = %s AND e.entry_id = %s AND coalesce(m.base_seq, 0) < %s"
             " AND %s <= m.tip_seq"
+        )
+        self.covering_segments = q(
+            f"({covering} ORDER BY m.tip_seq DESC, m.branch_id LIMIT 1)"
+            f" UNION ({covering} AND m.branch_id = ANY(%s::text[]))"
         )
         self.import_chunk = q(
             "SELECT {s}.session_import_chunk(%s, %s,"
@@ -967,14 +972,18 @@ class ChunkIndex(IndexCore):
         self._own: dict[str, list[BranchRow]] = {}  # buffered rows by branch, seq order
         self._own_of_entry: dict[str, set[str]] = {}
 
+    @staticmethod
+    def _key(query: bytes, params: Row) -> tuple[bytes, Row]:
+        return query, tuple(tuple(p) if isinstance(p, list) else p for p in params)
+
     def fetch(self, query: bytes, params: Row) -> list[Row]:
-        found = self._reads.get((query, params))
+        found = self._reads.get(self._key(query, params))
         if found is None:
             raise Miss(query, params)
         return found
 
     def supply(self, miss: Miss, rows: list[Row]) -> None:
-        self._reads[(miss.query, miss.params)] = rows
+        self._reads[self._key(miss.query, miss.params)] = rows
 
     def add_segment(self, segment: Segment) -> None:
         super().add_segment(segment)
@@ -996,9 +1005,10 @@ class ChunkIndex(IndexCore):
         return self.remember(found)
 
     def covering_segment(self, entry_id: str, entry_seq: int) -> Segment | None:
-        sid = self.session_id
+        where = (self.session_id, entry_id, entry_seq, entry_seq)
+        moved = sorted(self._moved)
         candidates: dict[str, Segment] = {}
-        for row in self.fetch(self.q.covering_segments, (sid, entry_id, entry_seq, entry_seq)):
+        for row in self.fetch(self.q.covering_segments, (*where, *where, moved)):
             segment = segment_from_row(row)
             assert segment is not None
             candidates[segment.branch_id] = self._segments.get(segment.branch_id, segment)
