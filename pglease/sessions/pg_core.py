@@ -314,16 +314,19 @@ class Sql:
             f"({covering} ORDER BY m.tip_seq DESC, m.branch_id LIMIT 1)"
             f" UNION ({covering} AND m.branch_id = ANY(%s::text[]))"
         )
+        # The arrays go in binary (%b): psycopg's text format escapes every
+        # element with a regular expression, 10 ms of client CPU for 500 JSON
+        # payloads against 0.3 ms in binary.
         self.import_chunk = q(
             "SELECT {s}.session_import_chunk(%s, %s,"
-            " %s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[], %s::bigint[],"
-            " %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::bigint[],"
-            " %s::text[], %s::text[], %s::bigint[],"
-            " %s::text[], %s::text[], %s::bigint[], %s::text[])"
+            " %b::text[], %b::text[], %b::bigint[], %b::text[], %b::text[], %b::bigint[],"
+            " %b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[], %b::bigint[],"
+            " %b::text[], %b::text[], %b::bigint[],"
+            " %b::text[], %b::text[], %b::bigint[], %b::text[])"
         )
         self.import_registers = q(
-            "SELECT {s}.session_import_registers(%s, %s, %s::text[], %s::text[],"
-            " %s::bigint[], %s::text[])"
+            "SELECT {s}.session_import_registers(%s, %s, %b::text[], %b::text[],"
+            " %b::bigint[], %b::text[])"
         )
 
 
