@@ -114,8 +114,10 @@ from .pg_core import (
     PURGE_CHUNK,
     RESOURCE_TYPE,
     ChunkBuilder,
+    ChunkIndex,
     ChunkSizer,
     CommitBuilder,
+    Miss,
     PgBranchIndex,
     PlanBuilder,
     Row,
@@ -132,11 +134,12 @@ from .pg_core import (
     entry_from_row,
     first_page_for,
     import_gone,
+    import_refusal,
     new_owner_id,
     new_session_plan,
     pooler_limits,
-    register_batches,
     register_from_row,
+    registers_call,
     sized_chunks,
     stale_import_problem,
     translate_unique,
@@ -221,11 +224,14 @@ def write_plan_rows(
         _send(conn, build.batches())
 
 
-def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> None:
-    """One import chunk, in the caller's transaction: lookups in one round trip,
-    the branch index, then the token check and every write in one more (the
-    check first: the xid is taken only then, see `ChunkBuilder`)."""
-    index = _index(conn, q, session_id)
+def _write_chunk(
+    conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry], limits: bytes | None
+) -> float:
+    """One import chunk on an autocommit connection: plain reads (the lookups in
+    one round trip, then what the branch index asks for), then every write in
+    one `session_import_chunk` call, the chunk's only write transaction.
+    Returns the seconds of that call (what the chunk sizer bounds)."""
+    index = ChunkIndex(q, session_id)
     build = ChunkBuilder(q, session_id, token, entries, index)
     lookups = build.lookups()
     results: dict[str, list[Row]] = {}
@@ -236,25 +242,49 @@ def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[
     try:
         build.start(results)
         for i in range(len(entries)):
-            _replay(conn, index, functools.partial(build.step, i))
+            _read_into(conn, index, functools.partial(build.step, i))
     except PgleaseError:
         # A parent missing may mean a cleanup took the import over and purged
         # it: say that rather than blame the source.
-        build.touched(conn.execute(*build.touch()).fetchall())
+        build.checked(conn.execute(*build.alive()).fetchall())
         raise
-    with conn.pipeline():
-        touch = conn.execute(*build.touch())
-        _send(conn, build.batches())
-        rows = touch.fetchall()
-    build.touched(rows)
+    began = time.monotonic()
+    _call(conn, build.call(), limits)
+    return time.monotonic() - began
+
+
+def _read_into(conn: Conn, index: ChunkIndex, step: Callable[[], T]) -> T:
+    """Run a step of an import chunk's branch index, fetching the reads it
+    misses (nothing is written before the chunk's one call)."""
+    while True:
+        try:
+            return step()
+        except Miss as miss:
+            cur = conn.execute(miss.query, miss.params)
+            index.supply(miss, cur.fetchall())
 
 
 def _write_registers(
-    conn: Conn, q: Sql, session_id: str, token: str, registers: list[Register]
+    conn: Conn,
+    q: Sql,
+    session_id: str,
+    token: str,
+    registers: list[Register],
+    limits: bytes | None,
 ) -> None:
-    if not conn.execute(q.touch_import, (session_id, token)).fetchall():
-        raise import_gone(session_id)
-    _send(conn, register_batches(q, session_id, registers))
+    _call(conn, registers_call(q, session_id, token, registers), limits)
+
+
+def _call(conn: Conn, call: tuple[bytes, Row], limits: bytes | None) -> None:
+    """A chunk's call: alone in autocommit; in pooler mode (`limits`, no
+    session SET bounds it there) after the store's limits in one pipelined
+    transaction, BEGIN to COMMIT sent at once."""
+    if limits is None:
+        conn.execute(*call)
+        return
+    with conn.pipeline(), conn.transaction():
+        conn.execute(limits)
+        conn.execute(*call)
 
 
 #: How long a worker thread consuming a fork waits for one fetch of the source
@@ -1093,14 +1123,20 @@ class PostgresSessionRepository:
 
     # -- chunked imports --
 
-    def _in_transaction(self, fn: Callable[[Conn], T]) -> T:
-        """One short write transaction of an import or a purge."""
+    def _in_transaction(self, fn: Callable[[Conn], T], transaction: bool = True) -> T:
+        """One short write transaction of an import or a purge (`transaction=False`:
+        `fn` on the autocommit connection, each statement its own transaction)."""
         conn: Conn | None = None
         try:
-            with self.store.connection() as conn, conn.transaction():
-                return fn(conn)
+            with self.store.connection() as conn:
+                if not transaction:
+                    return fn(conn)
+                with conn.transaction():
+                    if (limits := pooler_limits(self.store)) is not None:
+                        conn.execute(limits)  # no session SET bounds it behind a pooler
+                    return fn(conn)
         except psycopg.Error as exc:
-            error = (
+            error = import_refusal(exc) or (
                 translate_unique(exc)
                 if isinstance(exc, psycopg.errors.UniqueViolation)
                 else driver_error(self.store, exc, conn is not None and conn.broken)
@@ -1223,17 +1259,23 @@ class PostgresSessionRepository:
         self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
+            limits = pooler_limits(self.store)
             sizer = ChunkSizer(size)
             parts = sized_chunks(stream.entries, sizer)
             # The entries may come from a blocking reader (a file, `_fork_source`).
             while (part := to_thread(next, parts, None)) is not None:
-                began = time.monotonic()
-                self._in_transaction(
+                seconds = self._in_transaction(
                     functools.partial(
-                        _write_chunk, q=q, session_id=session_id, token=token, entries=part
-                    )
+                        _write_chunk,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        entries=part,
+                        limits=limits,
+                    ),
+                    transaction=False,
                 )
-                sizer.record(time.monotonic() - began)
+                sizer.record(seconds)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)
@@ -1244,8 +1286,14 @@ class PostgresSessionRepository:
             for regs in chunks(registers, size):
                 self._in_transaction(
                     functools.partial(
-                        _write_registers, q=q, session_id=session_id, token=token, registers=regs
-                    )
+                        _write_registers,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        registers=regs,
+                        limits=limits,
+                    ),
+                    transaction=False,
                 )
             # A create() of this id racing the import claims and releases the lease
             # in one breath: wait for it rather than throw the import away.

@@ -115,9 +115,10 @@ from .pg_core import (
     RESOURCE_TYPE,
     Batch,
     ChunkBuilder,
+    ChunkIndex,
     ChunkSizer,
     CommitBuilder,
-    Miss,  # sync: -
+    Miss,
     PlanBuilder,
     ReplayIndex,  # sync: PgBranchIndex,
     Row,
@@ -134,12 +135,13 @@ from .pg_core import (
     entry_from_row,
     first_page_for,
     import_gone,
+    import_refusal,
     new_owner_id,
     new_session_plan,
     pooler_limits,
-    register_batches,
     register_from_row,
     # sync: send as _send,
+    registers_call,
     sized_chunks,
     stale_import_problem,
     translate_unique,
@@ -244,12 +246,13 @@ async def write_plan_rows_async(
 
 
 async def _write_chunk(
-    conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]
-) -> None:
-    """One import chunk, in the caller's transaction: lookups in one round trip,
-    the branch index, then the token check and every write in one more (the
-    check first: the xid is taken only then, see `ChunkBuilder`)."""
-    index = _index(conn, q, session_id)
+    conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry], limits: bytes | None
+) -> float:
+    """One import chunk on an autocommit connection: plain reads (the lookups in
+    one round trip, then what the branch index asks for), then every write in
+    one `session_import_chunk` call, the chunk's only write transaction.
+    Returns the seconds of that call (what the chunk sizer bounds)."""
+    index = ChunkIndex(q, session_id)
     build = ChunkBuilder(q, session_id, token, entries, index)
     lookups = build.lookups()
     results: dict[str, list[Row]] = {}
@@ -260,25 +263,49 @@ async def _write_chunk(
     try:
         build.start(results)
         for i in range(len(entries)):
-            await _replay(conn, index, functools.partial(build.step, i))
+            await _read_into(conn, index, functools.partial(build.step, i))
     except PgleaseError:
         # A parent missing may mean a cleanup took the import over and purged
         # it: say that rather than blame the source.
-        build.touched(await (await conn.execute(*build.touch())).fetchall())
+        build.checked(await (await conn.execute(*build.alive())).fetchall())
         raise
-    async with conn.pipeline():
-        touch = await conn.execute(*build.touch())
-        await _send(conn, build.batches())
-        rows = await touch.fetchall()
-    build.touched(rows)
+    began = time.monotonic()
+    await _call(conn, build.call(), limits)
+    return time.monotonic() - began
+
+
+async def _read_into(conn: Conn, index: ChunkIndex, step: Callable[[], T]) -> T:
+    """Run a step of an import chunk's branch index, fetching the reads it
+    misses (nothing is written before the chunk's one call)."""
+    while True:
+        try:
+            return step()
+        except Miss as miss:
+            cur = await conn.execute(miss.query, miss.params)
+            index.supply(miss, await cur.fetchall())
 
 
 async def _write_registers(
-    conn: Conn, q: Sql, session_id: str, token: str, registers: list[Register]
+    conn: Conn,
+    q: Sql,
+    session_id: str,
+    token: str,
+    registers: list[Register],
+    limits: bytes | None,
 ) -> None:
-    if not await (await conn.execute(q.touch_import, (session_id, token))).fetchall():
-        raise import_gone(session_id)
-    await _send(conn, register_batches(q, session_id, registers))
+    await _call(conn, registers_call(q, session_id, token, registers), limits)
+
+
+async def _call(conn: Conn, call: tuple[bytes, Row], limits: bytes | None) -> None:
+    """A chunk's call: alone in autocommit; in pooler mode (`limits`, no
+    session SET bounds it there) after the store's limits in one pipelined
+    transaction, BEGIN to COMMIT sent at once."""
+    if limits is None:
+        await conn.execute(*call)
+        return
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(limits)
+        await conn.execute(*call)
 
 
 #: How long a worker thread consuming a fork waits for one fetch of the source
@@ -1155,14 +1182,22 @@ class AsyncPostgresSessionRepository:
 
     # -- chunked imports --
 
-    async def _in_transaction(self, fn: Callable[[Conn], Awaitable[T]]) -> T:
-        """One short write transaction of an import or a purge."""
+    async def _in_transaction(
+        self, fn: Callable[[Conn], Awaitable[T]], transaction: bool = True
+    ) -> T:
+        """One short write transaction of an import or a purge (`transaction=False`:
+        `fn` on the autocommit connection, each statement its own transaction)."""
         conn: Conn | None = None
         try:
-            async with self.store.connection() as conn, conn.transaction():
-                return await fn(conn)
+            async with self.store.connection() as conn:
+                if not transaction:
+                    return await fn(conn)
+                async with conn.transaction():
+                    if (limits := pooler_limits(self.store)) is not None:
+                        await conn.execute(limits)  # no session SET bounds it behind a pooler
+                    return await fn(conn)
         except psycopg.Error as exc:
-            error = (
+            error = import_refusal(exc) or (
                 translate_unique(exc)
                 if isinstance(exc, psycopg.errors.UniqueViolation)
                 else driver_error(self.store, exc, conn is not None and conn.broken)
@@ -1289,17 +1324,23 @@ class AsyncPostgresSessionRepository:
         await self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
+            limits = pooler_limits(self.store)
             sizer = ChunkSizer(size)
             parts = sized_chunks(stream.entries, sizer)
             # The entries may come from a blocking reader (a file, `_fork_source`).
             while (part := await to_thread(next, parts, None)) is not None:
-                began = time.monotonic()
-                await self._in_transaction(
+                seconds = await self._in_transaction(
                     functools.partial(
-                        _write_chunk, q=q, session_id=session_id, token=token, entries=part
-                    )
+                        _write_chunk,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        entries=part,
+                        limits=limits,
+                    ),
+                    transaction=False,
                 )
-                sizer.record(time.monotonic() - began)
+                sizer.record(seconds)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)
@@ -1310,8 +1351,14 @@ class AsyncPostgresSessionRepository:
             for regs in chunks(registers, size):
                 await self._in_transaction(
                     functools.partial(
-                        _write_registers, q=q, session_id=session_id, token=token, registers=regs
-                    )
+                        _write_registers,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        registers=regs,
+                        limits=limits,
+                    ),
+                    transaction=False,
                 )
             # A create() of this id racing the import claims and releases the lease
             # in one breath: wait for it rather than throw the import away.
