@@ -22,6 +22,8 @@ from pglease import AsyncPostgresStore, PostgresStore
 from pglease.sessions import (
     AsyncPostgresSession,
     AsyncPostgresSessionRepository,
+    AsyncSessionRepository,
+    AsyncSqliteSession,
     PostgresSession,
     PostgresSessionRepository,
 )
@@ -62,7 +64,13 @@ class LoopThread:
         self.loop.close()
 
 
-_WRAPPED = (AsyncPostgresStore, AsyncPostgresSessionRepository, AsyncPostgresSession)
+_WRAPPED = (
+    AsyncPostgresStore,
+    AsyncPostgresSessionRepository,
+    AsyncPostgresSession,
+    AsyncSessionRepository,
+    AsyncSqliteSession,
+)
 
 
 class Blocking:

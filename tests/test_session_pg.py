@@ -21,6 +21,8 @@ from pglease.sessions import (
     AddUsage,
     AppendEntry,
     AsyncPostgresSession,
+    AsyncSessionRepository,
+    AsyncSqliteSession,
     BranchQuery,
     DeleteRegister,
     DuplicateIdError,
@@ -44,7 +46,7 @@ from pglease.sessions import (
     sum_usage,
 )
 
-from ._blocking import FLAVOURS, Flavour, open_flavour, unwrap
+from ._blocking import FLAVOURS, Blocking, Flavour, LoopThread, open_flavour, unwrap
 from .test_session_branch_index import reference
 
 EMPTY_USAGE: dict[str, Any] = json.loads(
@@ -86,15 +88,25 @@ def pg_repo(flavour: Flavour, clock: Clock) -> Iterator[PostgresSessionRepositor
         yield repo
 
 
-@pytest.fixture(params=["sqlite", "postgres", "postgres-async"])
+@pytest.fixture(params=["sqlite", "sqlite-async", "postgres", "postgres-async"])
 def backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[SessionBackend]:
-    """The same session tests on a directory of files and on PostgreSQL (both flavours)."""
+    """The same session tests on a directory of files and on PostgreSQL, each in
+    both flavours (the asyncio ones through a blocking view, `tests/_blocking.py`)."""
     repo: SessionBackend
     flavours: list[Flavour] = []
+    loops: list[LoopThread] = []
     if request.param == "sqlite":
         repo = SessionRepository(
             request.getfixturevalue("tmp_path"), renew_interval=None, now_ms=clock
         )
+    elif request.param == "sqlite-async":
+        loops.append(LoopThread())
+        directory = request.getfixturevalue("tmp_path")
+
+        async def make() -> AsyncSessionRepository:
+            return AsyncSessionRepository(directory, renew_interval=None, now_ms=clock)
+
+        repo = Blocking(loops[0].run(make()), loops[0])
     else:
         name = "async" if request.param == "postgres-async" else "sync"
         flavours.append(
@@ -112,11 +124,14 @@ def backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[SessionBac
         repo.close()
         for made in flavours:
             made.close()
+        for loop in loops:
+            loop.close()
 
 
 def test_both_handles_satisfy_the_protocol(backend: SessionBackend) -> None:
     handle: SessionHandle = backend.create("p")
-    assert isinstance(unwrap(handle), SqliteSession | PostgresSession | AsyncPostgresSession)
+    kinds = SqliteSession | AsyncSqliteSession | PostgresSession | AsyncPostgresSession
+    assert isinstance(unwrap(handle), kinds)
     handle.close()
 
 
@@ -340,7 +355,8 @@ def test_second_writer_is_refused_and_closed_handle_refuses(backend: SessionBack
     with backend.open("s") as again:
         # the file format deletes its lease row on release (the fence restarts);
         # pglease generations never go back
-        assert again.fence == (1 if isinstance(again, SqliteSession) else 2)
+        file = isinstance(unwrap(again), SqliteSession | AsyncSqliteSession)
+        assert again.fence == (1 if file else 2)
     with pytest.raises(SessionNotFoundError):
         backend.open("missing")
 
