@@ -32,8 +32,9 @@ from pglease.sessions import (
 from pglease.sessions.fork import ForkPosition, ForkScope
 from pglease.sessions.pg_core import ChunkSizer, sized_chunks
 
+from .conformance.test_sessions import Clock
 from .test_session_cross import file_rows
-from .test_session_pg import Clock, events
+from .test_session_pg import events
 from .test_session_streaming import leftover_rows, source_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -28,9 +28,9 @@ from pglease.sessions import (
     plan_fork,
 )
 
+from .conformance.test_sessions import QUERIES, Clock, build_tree, msg
 from .test_session_branch_index import reference
 from .test_session_files import SPEC_DDL, normalise
-from .test_session_pg import QUERIES, Clock, build_tree, msg
 
 IDLE_JSON = '{"currentOperationId":null,"pendingNextRun":[]}'
 CONFIG = {"model": {"provider": "p", "modelId": "m"}, "thinkingLevel": "low", "activeToolNames": []}

@@ -30,7 +30,7 @@ from pglease.sessions import (
 )
 from pglease.sessions.pg_core import Sql, import_refusal
 
-from .test_session_pg import Clock, msg
+from .conformance.test_sessions import Clock, msg
 from .test_session_streaming import index_rows, source_file
 
 

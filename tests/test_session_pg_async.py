@@ -27,8 +27,8 @@ from pglease.sessions import (
     WriterLeaseLostError,
 )
 
+from .conformance.test_sessions import QUERIES, Clock, msg
 from .test_session_branch_index import reference
-from .test_session_pg import QUERIES, Clock, msg
 
 SPEC = [
     ("a", None, "message"),

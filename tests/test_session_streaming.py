@@ -37,8 +37,8 @@ from pglease.sessions import (
 from pglease.sessions.fork import ForkPosition, ForkScope
 
 from ._blocking import FLAVOURS, Flavour, open_flavour
+from .conformance.test_sessions import QUERIES, Clock, msg
 from .test_session_cross import file_rows, populate
-from .test_session_pg import QUERIES, Clock, msg
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -34,7 +34,7 @@ from pglease import (
 )
 from pglease.payloads import MAX_PAYLOAD_BYTES
 
-from .backends import Backend
+from ..backends import Backend
 
 A = Owner("host", "a")
 B = Owner("host", "b")
