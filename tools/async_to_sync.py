@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: (asyncio source, generated sync twin), relative to the repository root.
 PAIRS: tuple[tuple[str, str], ...] = (
+    ("pglease/_compat_async.py", "pglease/_compat.py"),
     ("pglease/_migrate_async.py", "pglease/_migrate.py"),
     ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
