@@ -278,6 +278,11 @@ def join_sync(
     return room, member
 
 
+# The names the generated blocking acquire (`_acquire`, from `_acquire_async`) uses.
+Room = SyncRoom
+join = join_sync
+
+
 # --------------------------------------------------------------------------- asyncio
 
 

@@ -288,7 +288,7 @@ class AsyncElection:
                 await keeper.connect()  # no claim it could not renew
                 claim, requested_at = await _acquire_async(
                     self._store, ELECTION_TYPE, self.name, self.candidate, self.timing.ttl,
-                    None, self._fair, True, keeper.clock,
+                    None, self._fair, True, clock=keeper.clock,
                 )  # fmt: skip
             except (PgleaseError, OSError) as exc:
                 log.warning("election %s: campaign failed, retrying: %s", self.name, exc)
