@@ -31,8 +31,8 @@ from ._acquire_core import (
     _Outcome,
     _Pause,
     _Plan,
-    _record_wait,
     _same_clock,
+    _waiting,
 )
 from ._rooms import Member, Room, join
 from ._timing import Timing
@@ -64,79 +64,56 @@ def _acquire(
 ) -> tuple[Claim, float]:
     """(claim, start on `clock` of the request that won it); a set `stop` event
     ends the wait with `AcquireTimeoutError` (an election that stops)."""
-    began = clock.monotonic()
-    try:
-        won = _acquire_loop(
-            store, resource_type, key, owner, ttl, timeout, fair, use_watcher, stop, clock
-        )
-    except BaseException as exc:
-        _record_wait(clock, began, exc)
-        raise
-    _record_wait(clock, began, None)
-    return won
-
-
-def _acquire_loop(
-    store: LeaseStore,
-    resource_type: str,
-    key: str,
-    owner: Owner,
-    ttl: float,
-    timeout: float | None,
-    fair: bool,
-    use_watcher: bool,
-    stop: Any,
-    clock: Clock,
-) -> tuple[Claim, float]:
-    timeout = _check_timeout(timeout)
-    ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
-    deadline = None if timeout is None else clock.monotonic() + timeout
-    rid = store.ensure_resource(resource_type, key)
-    driver = store.runtime_driver()
-    plan = _Plan(rid, owner, ttl, fair)
-    room: Room | None = None
-    member: Member | None = None
-    if use_watcher and timeout != 0:
-        room, member = join(store, rid, fair, clock)
-    won = False
-    try:
-        if room is not None:
-            room.await_ready(_left(clock, deadline))
-        first = True
-        while True:
-            if member is not None:
-                member.consume()
-            # A fair waiter's first attempt creates its queue entry: one at a
-            # time per room, so local wake-up order is the database's order.
-            enqueue = room.enqueue if room is not None and fair and first else _NO_LOCK
-            with enqueue:
-                started = clock.monotonic()
-                answer = _attempt(driver, plan)
-                if first and room is not None and member is not None:
-                    room.rank(member)
-            first = False
-            outcome = _Outcome(None, BUSY_PAUSE) if answer is None else plan.outcome(answer)
-            if outcome.claim is not None:
-                won = True
-                return outcome.claim, started
-            left = _left(clock, deadline)
-            if left is not None and left <= 0:
-                raise plan.timeout_error(timeout)
-            if stop is not None and stop.is_set():
-                raise AcquireTimeoutError("acquire stopped")
-            poll = room is None or room.broken
-            pause = _Pause(clock, deadline, outcome.wake_in, poll, stop)
-            while (wait := pause.next_wait()) is None or wait > 0:
-                if room is not None and member is not None:
-                    if room.wait(member, wait):
-                        break
-                elif wait is not None:
-                    sleep(wait)
-    finally:
-        if room is not None and member is not None:
-            room.leave(member, won)  # synchronous: done even when cancelled
-        # Shielded: a cancelled waiter still takes its queue entry with it.
-        _leave_queue(driver, plan, won)
+    with _waiting(clock):
+        timeout = _check_timeout(timeout)
+        ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
+        deadline = None if timeout is None else clock.monotonic() + timeout
+        rid = store.ensure_resource(resource_type, key)
+        driver = store.runtime_driver()
+        plan = _Plan(rid, owner, ttl, fair)
+        room: Room | None = None
+        member: Member | None = None
+        if use_watcher and timeout != 0:
+            room, member = join(store, rid, fair, clock)
+        won = False
+        try:
+            if room is not None:
+                room.await_ready(_left(clock, deadline))
+            first = True
+            while True:
+                if member is not None:
+                    member.consume()
+                # A fair waiter's first attempt creates its queue entry: one at a
+                # time per room, so local wake-up order is the database's order.
+                enqueue = room.enqueue if room is not None and fair and first else _NO_LOCK
+                with enqueue:
+                    started = clock.monotonic()
+                    answer = _attempt(driver, plan)
+                    if first and room is not None and member is not None:
+                        room.rank(member)
+                first = False
+                outcome = _Outcome(None, BUSY_PAUSE) if answer is None else plan.outcome(answer)
+                if outcome.claim is not None:
+                    won = True
+                    return outcome.claim, started
+                left = _left(clock, deadline)
+                if left is not None and left <= 0:
+                    raise plan.timeout_error(timeout)
+                if stop is not None and stop.is_set():
+                    raise AcquireTimeoutError("acquire stopped")
+                poll = room is None or room.broken
+                pause = _Pause(clock, deadline, outcome.wake_in, poll, stop)
+                while (wait := pause.next_wait()) is None or wait > 0:
+                    if room is not None and member is not None:
+                        if room.wait(member, wait):
+                            break
+                    elif wait is not None:
+                        sleep(wait)
+        finally:
+            if room is not None and member is not None:
+                room.leave(member, won)  # synchronous: done even when cancelled
+            # Shielded: a cancelled waiter still takes its queue entry with it.
+            _leave_queue(driver, plan, won)
 
 
 def _attempt(driver: RuntimeDriver, plan: _Plan) -> ClaimAttempt | None:

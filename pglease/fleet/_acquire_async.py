@@ -31,8 +31,8 @@ from ._acquire_core import (
     _Outcome,
     _Pause,
     _Plan,
-    _record_wait,
     _same_clock,
+    _waiting,
 )
 from ._rooms import AsyncRoom, Member, join_async
 from ._timing import Timing
@@ -64,80 +64,57 @@ async def _acquire_async(
 ) -> tuple[Claim, float]:
     """(claim, start on `clock` of the request that won it); a set `stop` event
     ends the wait with `AcquireTimeoutError` (an election that stops)."""
-    began = clock.monotonic()
-    try:
-        won = await _acquire_loop_async(
-            store, resource_type, key, owner, ttl, timeout, fair, use_watcher, stop, clock
-        )
-    except BaseException as exc:
-        _record_wait(clock, began, exc)
-        raise
-    _record_wait(clock, began, None)
-    return won
-
-
-async def _acquire_loop_async(
-    store: AsyncLeaseStore,
-    resource_type: str,
-    key: str,
-    owner: Owner,
-    ttl: float,
-    timeout: float | None,
-    fair: bool,
-    use_watcher: bool,
-    stop: Any,
-    clock: Clock,
-) -> tuple[Claim, float]:
-    timeout = _check_timeout(timeout)
-    ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
-    deadline = None if timeout is None else clock.monotonic() + timeout
-    rid = await store.ensure_resource(resource_type, key)
-    driver = store.runtime_driver()
-    plan = _Plan(rid, owner, ttl, fair)
-    room: AsyncRoom | None = None
-    member: Member | None = None
-    if use_watcher and timeout != 0:
-        room, member = join_async(store, rid, fair, clock)
-    won = False
-    try:
-        if room is not None:
-            await room.await_ready(_left(clock, deadline))
-        first = True
-        while True:
-            if member is not None:
-                member.consume()
-            # A fair waiter's first attempt creates its queue entry: one at a
-            # time per room, so local wake-up order is the database's order.
-            enqueue = room.enqueue if room is not None and fair and first else _NO_LOCK
-            async with enqueue:
-                started = clock.monotonic()
-                answer = await _attempt_async(driver, plan)
-                if first and room is not None and member is not None:
-                    room.rank(member)
-            first = False
-            outcome = _Outcome(None, BUSY_PAUSE) if answer is None else plan.outcome(answer)
-            if outcome.claim is not None:
-                won = True
-                return outcome.claim, started
-            left = _left(clock, deadline)
-            if left is not None and left <= 0:
-                raise plan.timeout_error(timeout)
-            if stop is not None and stop.is_set():
-                raise AcquireTimeoutError("acquire stopped")
-            poll = room is None or room.broken
-            pause = _Pause(clock, deadline, outcome.wake_in, poll, stop)
-            while (wait := pause.next_wait()) is None or wait > 0:
-                if room is not None and member is not None:
-                    if await room.wait(member, wait):
-                        break
-                elif wait is not None:
-                    await sleep(wait)
-    finally:
-        if room is not None and member is not None:
-            room.leave(member, won)  # synchronous: done even when cancelled
-        # Shielded: a cancelled waiter still takes its queue entry with it.
-        cleanup = asyncio.ensure_future(_leave_queue_async(driver, plan, won))  # sync: -
-        await asyncio.shield(cleanup)  # sync: _leave_queue(driver, plan, won)
+    with _waiting(clock):
+        timeout = _check_timeout(timeout)
+        ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
+        deadline = None if timeout is None else clock.monotonic() + timeout
+        rid = await store.ensure_resource(resource_type, key)
+        driver = store.runtime_driver()
+        plan = _Plan(rid, owner, ttl, fair)
+        room: AsyncRoom | None = None
+        member: Member | None = None
+        if use_watcher and timeout != 0:
+            room, member = join_async(store, rid, fair, clock)
+        won = False
+        try:
+            if room is not None:
+                await room.await_ready(_left(clock, deadline))
+            first = True
+            while True:
+                if member is not None:
+                    member.consume()
+                # A fair waiter's first attempt creates its queue entry: one at a
+                # time per room, so local wake-up order is the database's order.
+                enqueue = room.enqueue if room is not None and fair and first else _NO_LOCK
+                async with enqueue:
+                    started = clock.monotonic()
+                    answer = await _attempt_async(driver, plan)
+                    if first and room is not None and member is not None:
+                        room.rank(member)
+                first = False
+                outcome = _Outcome(None, BUSY_PAUSE) if answer is None else plan.outcome(answer)
+                if outcome.claim is not None:
+                    won = True
+                    return outcome.claim, started
+                left = _left(clock, deadline)
+                if left is not None and left <= 0:
+                    raise plan.timeout_error(timeout)
+                if stop is not None and stop.is_set():
+                    raise AcquireTimeoutError("acquire stopped")
+                poll = room is None or room.broken
+                pause = _Pause(clock, deadline, outcome.wake_in, poll, stop)
+                while (wait := pause.next_wait()) is None or wait > 0:
+                    if room is not None and member is not None:
+                        if await room.wait(member, wait):
+                            break
+                    elif wait is not None:
+                        await sleep(wait)
+        finally:
+            if room is not None and member is not None:
+                room.leave(member, won)  # synchronous: done even when cancelled
+            # Shielded: a cancelled waiter still takes its queue entry with it.
+            cleanup = asyncio.ensure_future(_leave_queue_async(driver, plan, won))  # sync: -
+            await asyncio.shield(cleanup)  # sync: _leave_queue(driver, plan, won)
 
 
 async def _attempt_async(driver: AsyncRuntimeDriver, plan: _Plan) -> ClaimAttempt | None:

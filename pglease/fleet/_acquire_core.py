@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,6 +164,18 @@ def _record_wait(clock: Clock, began: float, error: BaseException | None) -> Non
     outcome = "acquired" if error is None else _instrument.acquire_outcome(error)
     if outcome is not None:
         _instrument.recorder.acquire_wait(clock.monotonic() - began, outcome)
+
+
+@contextlib.contextmanager
+def _waiting(clock: Clock) -> Iterator[None]:
+    """Observe how long the acquire inside waited (on `clock`), by how it ended."""
+    began = clock.monotonic()
+    try:
+        yield
+    except BaseException as error:
+        _record_wait(clock, began, error)
+        raise
+    _record_wait(clock, began, None)
 
 
 def _claim_outcome(answer: ClaimAttempt | None) -> str:

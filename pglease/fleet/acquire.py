@@ -48,11 +48,10 @@ trip, so advancing a fake clock past the deadline ends the wait.
 from __future__ import annotations
 
 from ._acquire import LeaseStore as SyncLeaseStore
-from ._acquire import _acquire, _acquire_loop, _attempt, _leave_queue, _release, acquire, hold
+from ._acquire import _acquire, _attempt, _leave_queue, _release, acquire, hold
 from ._acquire_async import (
     AsyncLeaseStore,
     _acquire_async,
-    _acquire_loop_async,
     _attempt_async,
     _leave_queue_async,
     _release_async,
@@ -76,6 +75,7 @@ from ._acquire_core import (
     _Plan,
     _record_wait,
     _same_clock,
+    _waiting,
 )
 
 __all__ = [
@@ -93,8 +93,6 @@ __all__ = [
     "_Plan",
     "_acquire",
     "_acquire_async",
-    "_acquire_loop",
-    "_acquire_loop_async",
     "_attempt",
     "_attempt_async",
     "_check_timeout",
@@ -107,6 +105,7 @@ __all__ = [
     "_release",
     "_release_async",
     "_same_clock",
+    "_waiting",
     "acquire",
     "acquire_async",
     "hold",
