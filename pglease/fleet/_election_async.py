@@ -81,12 +81,14 @@ class AsyncElection:
         self.name = name
         self.candidate = candidate
         self._store = store
-        # The shared keeper is looked up when the campaign starts: an asyncio
-        # one belongs to the running loop, which may not exist yet.
-        self._keeper = keeper
         if keeper is not None:
             _same_clock(keeper.clock, clock)
         self._clock = clock or SYSTEM_CLOCK
+        # An asyncio keeper belongs to the running loop, which may not exist yet:
+        # the shared one is looked up when the campaign starts. A blocking one is
+        # taken at once, so a store that cannot have one fails here, not in the thread.
+        self._keeper = keeper
+        # sync: if keeper is None: self._keeper = Keeper.for_store(store, self._clock)
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._fair = fair
