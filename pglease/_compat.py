@@ -35,7 +35,7 @@ def to_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 
 
 def sleep(seconds: float) -> None:
-    """Sleep without holding up the event loop (or the thread, in the twin)."""
+    """Pause this task (the twin: this thread) for `seconds` real seconds."""
     time.sleep(seconds)
 
 

@@ -35,7 +35,7 @@ async def to_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 
 
 async def sleep(seconds: float) -> None:
-    """Sleep without holding up the event loop (or the thread, in the twin)."""
+    """Pause this task (the twin: this thread) for `seconds` real seconds."""
     await asyncio.sleep(seconds)  # sync: time.sleep(seconds)
 
 

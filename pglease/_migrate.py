@@ -53,7 +53,7 @@ def migration_state(conn: psycopg.Connection[Any], schema: str) -> MigrationStat
     """Read what `schema` still needs, changing nothing (no lock, no DDL)."""
     check_schema_name(schema)
     try:
-        row = (conn.execute(_EXISTS, {"s": schema})).fetchone()
+        row = conn.execute(_EXISTS, {"s": schema}).fetchone()
         assert row is not None
         rows: list[tuple[Any, ...]] = []
         checksum = None
@@ -61,7 +61,7 @@ def migration_state(conn: psycopg.Connection[Any], schema: str) -> MigrationStat
             cur = conn.execute(_applied_query(schema))
             rows = [tuple(r) for r in cur.fetchall()]
         if row[2]:
-            found = (conn.execute(_functions_query(schema))).fetchone()
+            found = conn.execute(_functions_query(schema)).fetchone()
             checksum = None if found is None else str(found[0])
     except psycopg.errors.InsufficientPrivilege as exc:
         raise _unreadable(schema, exc) from None
@@ -99,7 +99,7 @@ def grant(conn: psycopg.Connection[Any], schema: str, role: str, kind: RoleKind)
     check_role_kind(kind)
     try:
         with conn.transaction():
-            _check_role((conn.execute(_ROLE_EXISTS, [role])).fetchone(), role)
+            _check_role(conn.execute(_ROLE_EXISTS, [role]).fetchone(), role)
             columns = _lease_columns(conn, schema)
             statements = [
                 *revoke_statements(schema, role),
@@ -118,7 +118,7 @@ def revoke(conn: psycopg.Connection[Any], schema: str, role: str) -> list[str]:
     statements = revoke_statements(schema, role)
     try:
         with conn.transaction():
-            _check_role((conn.execute(_ROLE_EXISTS, [role])).fetchone(), role)
+            _check_role(conn.execute(_ROLE_EXISTS, [role]).fetchone(), role)
             for statement in statements:
                 conn.execute(statement)
     except psycopg.errors.InsufficientPrivilege as exc:

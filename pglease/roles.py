@@ -6,7 +6,8 @@
   watches, all through SECURITY DEFINER functions; it can read the tables
   (not the lease token hashes) and write no pglease table directly. It may
   write the session tables, whose rows are the session's own content and are
-  written inside a fenced mutation by pglease's session layer.
+  written inside a fenced mutation by pglease's session layer (or, for a
+  hidden import, by the token-checked chunk functions).
 - **reader**: reads resources, leases (not the token hashes), events and
   sessions, and watches; it can change nothing.
 
@@ -43,6 +44,8 @@ CLIENT_FUNCTIONS = (
     "leave_queue",
     "reap_next",
     "reap_expired",
+    "session_import_chunk",
+    "session_import_registers",
 )
 #: Tables every pglease role reads whole.
 READ_TABLES = (

@@ -121,3 +121,20 @@ def test_imports_the_twin_no_longer_uses_are_pruned() -> None:
     assert "asyncio" not in out and "Awaitable" not in out
     assert "from collections.abc import Iterator\n" in out
     assert "def f(g: Callable[[], int]) -> Iterator[int]:\n    yield g()\n" in out
+
+
+def test_brackets_around_an_awaited_primary_go_with_the_await() -> None:
+    out = _tool().convert(
+        "row = await (await conn.execute(q, (a, b))).fetchone()\n"
+        "n = (await self.get(rid)).lease[0]\n"
+        "args = f(await g(), (await h()) + 1, (await a, b), -(await x))\n"
+        "also = [(await a)(b)]\n"
+        "gen = (await x for x in y), (await a if b else c)\n"
+    )
+    assert out == (
+        "row = conn.execute(q, (a, b)).fetchone()\n"
+        "n = self.get(rid).lease[0]\n"
+        "args = f(g(), h() + 1, (a, b), -x)\n"
+        "also = [a(b)]\n"
+        "gen = (x for x in y), (a if b else c)\n"
+    )

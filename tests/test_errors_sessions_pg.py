@@ -4,7 +4,7 @@ Real server, real failures: the store's backends terminated
 (pg_terminate_backend) before and during calls, a commit stuck behind a
 session row another connection holds past the store's statement_timeout or
 lock_timeout. A commit that failed left nothing; the handle keeps its lease.
-Sync and asyncio.
+Sync and asyncio: the tests taking `flavour` run on both (`tests/_blocking.py`).
 """
 
 from __future__ import annotations
@@ -35,11 +35,15 @@ from pglease.sessions import (
     WriterLeaseLostError,
 )
 
+from ._blocking import FLAVOURS, Flavour, open_flavour
 from .test_driver_errors import awarm, kill_store_backends, terminate, wait_for_lock_waiter, warm
 
 
 def msg(text: str) -> dict[str, Any]:
     return {"role": "user", "content": text}
+
+
+flavour = pytest.fixture(params=FLAVOURS)(open_flavour)
 
 
 def _outcome(fn: Callable[[], object]) -> object:
@@ -155,12 +159,15 @@ async def test_async_session_calls_after_terminated_backends_are_typed(
 
 
 def test_a_commit_cut_off_before_commit_left_nothing(
-    pg_dsn: str, schema: str, session_row_locker: Callable[[str], psycopg.Connection[Any]]
+    pg_dsn: str,
+    schema: str,
+    session_row_locker: Callable[[str], psycopg.Connection[Any]],
+    flavour: Flavour,
 ) -> None:
     """The commit waits behind a stalled writer's row lock; its backend is
     terminated while it waits: nothing was committed, and the handle goes on."""
-    with PostgresStore(pg_dsn, schema=schema, lock_timeout=None) as store:
-        repo = PostgresSessionRepository(store, renew_interval=None)
+    with flavour.store(lock_timeout=None) as store:
+        repo = flavour.repo(store, renew_interval=None)
         s = repo.create("s1")
         root = s.append_message(None, msg("root"))
         before = s.stats()
@@ -320,12 +327,15 @@ async def test_async_session_reads_past_lock_timeout_are_typed(
 
 
 def test_a_cancelled_commit_is_a_typed_database_error(
-    pg_dsn: str, schema: str, session_row_locker: Callable[[str], psycopg.Connection[Any]]
+    pg_dsn: str,
+    schema: str,
+    session_row_locker: Callable[[str], psycopg.Connection[Any]],
+    flavour: Flavour,
 ) -> None:
     """pg_cancel_backend is not the store's statement_timeout: a DatabaseError
     naming SQLSTATE 57014, and nothing was committed."""
-    with PostgresStore(pg_dsn, schema=schema, lock_timeout=None) as store:
-        repo = PostgresSessionRepository(store, renew_interval=None)
+    with flavour.store(lock_timeout=None) as store:
+        repo = flavour.repo(store, renew_interval=None)
         s = repo.create("s1")
         root = s.append_message(None, msg("root"))
         before = s.stats()
@@ -355,11 +365,14 @@ def test_a_cancelled_commit_is_a_typed_database_error(
 
 
 def test_a_commit_past_statement_timeout_is_typed_and_left_nothing(
-    pg_dsn: str, schema: str, session_row_locker: Callable[[str], psycopg.Connection[Any]]
+    pg_dsn: str,
+    schema: str,
+    session_row_locker: Callable[[str], psycopg.Connection[Any]],
+    flavour: Flavour,
 ) -> None:
     # 1 s, not less: the other statements of the test must not hit it on a busy host.
-    with PostgresStore(pg_dsn, schema=schema, statement_timeout=1.0, lock_timeout=None) as store:
-        repo = PostgresSessionRepository(store, renew_interval=None)
+    with flavour.store(statement_timeout=1.0, lock_timeout=None) as store:
+        repo = flavour.repo(store, renew_interval=None)
         s = repo.create("s1")
         root = s.append_message(None, msg("root"))
         before = s.stats()
@@ -381,10 +394,13 @@ def test_a_commit_past_statement_timeout_is_typed_and_left_nothing(
 
 
 def test_a_commit_past_lock_timeout_is_typed_and_the_handle_goes_on(
-    pg_dsn: str, schema: str, session_row_locker: Callable[[str], psycopg.Connection[Any]]
+    pg_dsn: str,
+    schema: str,
+    session_row_locker: Callable[[str], psycopg.Connection[Any]],
+    flavour: Flavour,
 ) -> None:
-    with PostgresStore(pg_dsn, schema=schema, lock_timeout=0.5) as store:
-        repo = PostgresSessionRepository(store, renew_interval=None)
+    with flavour.store(lock_timeout=0.5) as store:
+        repo = flavour.repo(store, renew_interval=None)
         s = repo.create("s1")
         root = s.append_message(None, msg("root"))
         before = s.stats()
@@ -437,8 +453,8 @@ async def test_async_commit_past_lock_timeout_is_typed(
 # --- session errors stay what they were -----------------------------------------------------
 
 
-def test_session_specific_errors_are_unchanged(pg_store: PostgresStore) -> None:
-    repo = PostgresSessionRepository(pg_store, renew_interval=None)
+def test_session_specific_errors_are_unchanged(flavour: Flavour) -> None:
+    repo = flavour.repo(renew_interval=None)
     with repo.create("s1") as s:
         s.append_message(None, msg("a"), id="a")
         from pglease.sessions import DuplicateIdError
@@ -452,9 +468,9 @@ def test_session_specific_errors_are_unchanged(pg_store: PostgresStore) -> None:
 # --- a lost writer lease is a LeaseLostError -------------------------------------------------
 
 
-def test_a_lost_pg_writer_lease_is_a_lease_lost_error(pg_store: PostgresStore) -> None:
-    first = PostgresSessionRepository(pg_store, lease_seconds=0.5, renew_interval=None)
-    second = PostgresSessionRepository(pg_store, lease_seconds=30, renew_interval=None)
+def test_a_lost_pg_writer_lease_is_a_lease_lost_error(flavour: Flavour) -> None:
+    first = flavour.repo(lease_seconds=0.5, renew_interval=None)
+    second = flavour.repo(lease_seconds=30, renew_interval=None)
     stale = first.create("s1")
     with second.open("s1", wait=30):  # claims once the first lease ran out
         with pytest.raises(LeaseLostError) as caught:

@@ -726,6 +726,43 @@ def test_session_reads_are_bounded(bouncer_dsn: str, pg_dsn: str, schema: str) -
         assert session.get_entry(entry.id) == entry
 
 
+def test_import_chunks_are_bounded(
+    bouncer_dsn: str, pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """An import chunk's call (and the purge after it fails) run under the
+    store's limits behind the pooler: with the hidden session row locked from
+    a direct connection, the import ends with LockTimeoutError instead of
+    waiting, and shows nothing."""
+    from pglease.errors import LockTimeoutError
+    from pglease.sessions import PostgresSessionRepository, SessionRepository
+
+    with SessionRepository(tmp_path, renew_interval=None) as files, files.create("src") as src:
+        parent = None
+        for i in range(4):
+            parent = src.append_message(parent, {"role": "user", "content": f"m{i}"}).id
+    blocker = psycopg.connect(pg_dsn)
+
+    def lock(written: int) -> None:
+        if written == 1:  # the row exists (hidden) once the first chunk is in
+            blocker.execute(f'SELECT 1 FROM "{schema}".sessions WHERE id = %s FOR UPDATE', ["imp"])
+
+    with (
+        PostgresStore(bouncer_dsn, schema=schema, pooler=True, lock_timeout=0.5) as s,
+        PostgresSessionRepository(s, renew_interval=None) as repo,
+    ):
+        try:
+            raised = _raised_within(
+                lambda: repo.import_file(
+                    tmp_path / "src.sqlite", id="imp", chunk_entries=1, on_progress=lock
+                )
+            )
+            assert isinstance(raised, LockTimeoutError), raised
+        finally:
+            blocker.rollback()
+            blocker.close()
+        assert not repo.exists("imp")
+
+
 def test_async_postgres_sessions(bouncer_dsn: str, schema: str, tmp_path: Path) -> None:
     from pglease.sessions import (
         AsyncPostgresSessionRepository,

@@ -1,5 +1,7 @@
 """Sessions on both backends: the key behaviours run on SQLite files and on
-PostgreSQL tables alike; PostgreSQL-specific lease and event behaviour after."""
+PostgreSQL tables alike; PostgreSQL-specific lease and event behaviour after.
+Every PostgreSQL test runs on both flavours, blocking and asyncio (the asyncio
+one through `tests/_blocking.py`)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from pglease import PostgresStore
+from pglease import PostgresStore, ValidationError
 from pglease.ids import resource_id
 from pglease.sessions import (
     AddUsage,
     AppendEntry,
+    AsyncPostgresSession,
     BranchQuery,
     DeleteRegister,
     DuplicateIdError,
@@ -41,6 +44,7 @@ from pglease.sessions import (
     sum_usage,
 )
 
+from ._blocking import FLAVOURS, Flavour, open_flavour, unwrap
 from .test_session_branch_index import reference
 
 EMPTY_USAGE: dict[str, Any] = json.loads(
@@ -73,33 +77,46 @@ def clock() -> Clock:
     return Clock()
 
 
+flavour = pytest.fixture(params=FLAVOURS)(open_flavour)
+
+
 @pytest.fixture
-def pg_repo(pg_store: PostgresStore, clock: Clock) -> Iterator[PostgresSessionRepository]:
-    with PostgresSessionRepository(pg_store, renew_interval=None, now_ms=clock) as repo:
+def pg_repo(flavour: Flavour, clock: Clock) -> Iterator[PostgresSessionRepository]:
+    with flavour.repo(renew_interval=None, now_ms=clock) as repo:
         yield repo
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "postgres", "postgres-async"])
 def backend(request: pytest.FixtureRequest, clock: Clock) -> Iterator[SessionBackend]:
-    """The same session tests on a directory of files and on PostgreSQL."""
+    """The same session tests on a directory of files and on PostgreSQL (both flavours)."""
     repo: SessionBackend
+    flavours: list[Flavour] = []
     if request.param == "sqlite":
         repo = SessionRepository(
             request.getfixturevalue("tmp_path"), renew_interval=None, now_ms=clock
         )
     else:
-        repo = PostgresSessionRepository(
-            request.getfixturevalue("pg_store"), renew_interval=None, now_ms=clock
+        name = "async" if request.param == "postgres-async" else "sync"
+        flavours.append(
+            Flavour(
+                name,
+                request.getfixturevalue("pg_dsn"),
+                request.getfixturevalue("schema"),
+                request.getfixturevalue("pg_store"),
+            )
         )
+        repo = flavours[0].repo(renew_interval=None, now_ms=clock)
     try:
         yield repo
     finally:
         repo.close()
+        for made in flavours:
+            made.close()
 
 
 def test_both_handles_satisfy_the_protocol(backend: SessionBackend) -> None:
     handle: SessionHandle = backend.create("p")
-    assert isinstance(handle, SqliteSession | PostgresSession)
+    assert isinstance(unwrap(handle), SqliteSession | PostgresSession | AsyncPostgresSession)
     handle.close()
 
 
@@ -323,7 +340,7 @@ def test_second_writer_is_refused_and_closed_handle_refuses(backend: SessionBack
     with backend.open("s") as again:
         # the file format deletes its lease row on release (the fence restarts);
         # pglease generations never go back
-        assert again.fence == (2 if isinstance(again, PostgresSession) else 1)
+        assert again.fence == (1 if isinstance(again, SqliteSession) else 2)
     with pytest.raises(SessionNotFoundError):
         backend.open("missing")
 
@@ -383,8 +400,12 @@ def test_each_commit_is_one_fenced_mutation(
             [AppendEntry("message", None, {"message": 1}, id="a"), SetRegister("n", "k", 1)]
         )
         revision = session.revision
-        session.renew()  # a renew bumps the revision: the handle follows it
-        assert session.revision == revision + 1
+        expires_at = pg_store.get(rid).lease.expires_at
+        assert expires_at is not None
+        session.renew()  # a heartbeat: the expiry moves on, the revision and the log do not
+        assert session.revision == revision == pg_store.get(rid).revision
+        renewed = pg_store.get(rid).lease.expires_at
+        assert renewed is not None and renewed > expires_at
         session.append_message("a", msg("b"))
         assert pg_store.get(rid).revision == session.revision
     types = events(pg_store, "s")
@@ -392,7 +413,6 @@ def test_each_commit_is_one_fenced_mutation(
         "lease.claimed",
         "session.created",
         "session.commit",
-        "lease.renewed",
         "session.commit",
         "lease.released",
     ]
@@ -405,6 +425,19 @@ def test_each_commit_is_one_fenced_mutation(
         "usage": 0,
         "registers": 1,
     }
+
+
+def test_an_idle_session_writes_no_event(
+    pg_repo: PostgresSessionRepository, pg_store: PostgresStore
+) -> None:
+    with pg_repo.create("s") as session:
+        rid = session.resource_id
+        revision = pg_store.get(rid).revision
+        for _ in range(5):  # what the background renewer does every renew_interval
+            session.renew()
+        assert pg_store.get(rid).revision == revision == session.revision
+        assert [t for t, _ in events(pg_store, "s")] == ["lease.claimed", "session.created"]
+        assert session.append_message(None, msg("after")).seq == 3  # the lease still fences
 
 
 def test_failed_commit_leaves_no_revision_or_event(
@@ -449,16 +482,16 @@ def test_revision_moved_under_the_handle_is_adopted(
 
 
 def test_takeover_after_expiry_fences_the_old_holder(
-    pg_store: PostgresStore, pg_dsn: str, schema: str
+    pg_store: PostgresStore, flavour: Flavour
 ) -> None:
     lost: list[str] = []
-    first_repo = PostgresSessionRepository(
-        pg_store, lease_seconds=0.5, renew_interval=None, on_lost=lambda h: lost.append(h.id)
+    first_repo = flavour.repo(
+        lease_seconds=0.5, renew_interval=None, on_lost=lambda h: lost.append(h.id)
     )
     first = first_repo.create("s")
     first.append_message(None, msg("a"), id="a")
-    with PostgresStore(pg_dsn, schema=schema, max_size=2) as other_store:
-        other = PostgresSessionRepository(other_store, renew_interval=None)
+    with flavour.store(max_size=2) as other_store:
+        other = flavour.repo(other_store, renew_interval=None)
         with pytest.raises(SessionAlreadyClaimedError, match="already held by session:"):
             other.open("s")
         time.sleep(0.7)
@@ -477,8 +510,8 @@ def test_takeover_after_expiry_fences_the_old_holder(
         second.close()
 
 
-def test_expired_lease_cannot_renew(pg_store: PostgresStore) -> None:
-    repo = PostgresSessionRepository(pg_store, lease_seconds=0.3, renew_interval=None)
+def test_expired_lease_cannot_renew(flavour: Flavour) -> None:
+    repo = flavour.repo(lease_seconds=0.3, renew_interval=None)
     session = repo.create("s")
     time.sleep(0.4)
     with pytest.raises(WriterLeaseLostError):
@@ -490,19 +523,19 @@ def test_expired_lease_cannot_renew(pg_store: PostgresStore) -> None:
         assert again.fence == 2
 
 
-def test_background_renewal_keeps_the_lease(pg_store: PostgresStore) -> None:
+def test_background_renewal_keeps_the_lease(pg_store: PostgresStore, flavour: Flavour) -> None:
     # 2 s rather than less: one stall of a loaded host must not lose it.
-    repo = PostgresSessionRepository(pg_store, lease_seconds=2, renew_interval=0.25)
+    repo = flavour.repo(lease_seconds=2, renew_interval=0.25)
     with repo.create("s") as session:
         time.sleep(2.5)
         assert not session.lost.is_set()
         session.append_message(None, msg("still mine"))
         assert session.revision == pg_store.get(session.resource_id).revision
-    assert not any(t.name.startswith("pglease-session-renew") for t in threading.enumerate())
+    assert flavour.renewers() == []
 
 
-def test_wait_for_the_lease(pg_store: PostgresStore) -> None:
-    repo = PostgresSessionRepository(pg_store, lease_seconds=5, renew_interval=None)
+def test_wait_for_the_lease(flavour: Flavour) -> None:
+    repo = flavour.repo(lease_seconds=5, renew_interval=None)
     holder = repo.create("s")
     timer = threading.Timer(0.3, holder.close)
     timer.start()
@@ -515,6 +548,23 @@ def test_wait_for_the_lease(pg_store: PostgresStore) -> None:
     with pytest.raises(SessionAlreadyClaimedError):
         repo.open("s", wait=0.2)
     holder2.close()
+
+
+def test_waiting_for_the_lease_is_checked_and_bounded(flavour: Flavour) -> None:
+    repo = flavour.repo(lease_seconds=30, renew_interval=None)
+    with repo.create("s") as holder:
+        for bad in (-1, "soon", True, float("nan")):
+            with pytest.raises(ValidationError, match="wait must"):
+                repo.open("s", wait=bad)
+        with pytest.raises(ValidationError):
+            repo.open("s/x", wait=1)
+        started = time.monotonic()
+        with pytest.raises(
+            SessionAlreadyClaimedError, match=f"already claimed by writer {holder.owner_id}"
+        ):
+            repo.open("s", wait=0.3)
+        assert time.monotonic() - started >= 0.3  # it did wait, then gave up
+        holder.append_message(None, msg("still mine"))  # the waiter took nothing
 
 
 def test_list_info_and_delete(
@@ -586,12 +636,12 @@ def test_long_branch_pages_and_diverges(pg_repo: PostgresSessionRepository) -> N
         ]
 
 
-def test_repository_argument_checks(pg_store: PostgresStore, tmp_path: Path) -> None:
+def test_repository_argument_checks(flavour: Flavour, tmp_path: Path) -> None:
     with pytest.raises(InvalidSessionWriteError):
-        PostgresSessionRepository(pg_store, lease_seconds=0)
+        flavour.repo(lease_seconds=0)
     with pytest.raises(InvalidSessionWriteError):
-        PostgresSessionRepository(pg_store, lease_seconds=10, renew_interval=10)
-    repo = PostgresSessionRepository(pg_store, renew_interval=None)
+        flavour.repo(lease_seconds=10, renew_interval=10)
+    repo = flavour.repo(renew_interval=None)
     with pytest.raises(ValueError, match="session id"):
         repo.create("../x")
     with pytest.raises(ValueError, match="session id"):
@@ -600,16 +650,12 @@ def test_repository_argument_checks(pg_store: PostgresStore, tmp_path: Path) -> 
         repo.create("ok", parent_session_id=5)  # type: ignore[arg-type]
 
 
-def test_unreachable_database_closes_the_trust_window(
-    pg_dsn: str, schema: str, pg_store: PostgresStore
-) -> None:
+def test_unreachable_database_closes_the_trust_window(flavour: Flavour) -> None:
     """Renewals that keep failing (here: the handle's pool is gone) are retried
     only until the lease may have run out; then the handle gives up."""
     lost = threading.Event()
-    store = PostgresStore(pg_dsn, schema=schema, max_size=2)
-    repo = PostgresSessionRepository(
-        store, lease_seconds=0.6, renew_interval=0.1, on_lost=lambda h: lost.set()
-    )
+    store = flavour.store(max_size=2)
+    repo = flavour.repo(store, lease_seconds=0.6, renew_interval=0.1, on_lost=lambda h: lost.set())
     session = repo.create("s")
     store.close()
     assert lost.wait(5)
@@ -619,7 +665,7 @@ def test_unreachable_database_closes_the_trust_window(
     session.close()
     # nobody released it: the lease simply expires, then another writer takes over
     time.sleep(0.7)
-    with PostgresSessionRepository(pg_store, renew_interval=None).open("s") as again:
+    with flavour.repo(renew_interval=None).open("s") as again:
         assert again.fence == 2
 
 

@@ -1,5 +1,6 @@
 """Streamed forks and chunked imports: PostgreSQL -> file without a snapshot,
-file -> PostgreSQL in short transactions that stay hidden until the last one."""
+file -> PostgreSQL in short transactions that stay hidden until the last one.
+The tests on `pg_repo` or `flavour` run on both flavours, blocking and asyncio."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from pglease.sessions import (
 )
 from pglease.sessions.fork import ForkPosition, ForkScope
 
+from ._blocking import FLAVOURS, Flavour, open_flavour
 from .test_session_cross import file_rows, populate
 from .test_session_pg import QUERIES, Clock, msg
 
@@ -46,9 +48,12 @@ def clock() -> Clock:
     return Clock()
 
 
+flavour = pytest.fixture(params=FLAVOURS)(open_flavour)
+
+
 @pytest.fixture
-def pg_repo(pg_store: PostgresStore, clock: Clock) -> Iterator[PostgresSessionRepository]:
-    with PostgresSessionRepository(pg_store, renew_interval=None, now_ms=clock) as repo:
+def pg_repo(flavour: Flavour, clock: Clock) -> Iterator[PostgresSessionRepository]:
+    with flavour.repo(renew_interval=None, now_ms=clock) as repo:
         yield repo
 
 
@@ -184,26 +189,29 @@ def test_an_import_is_invisible_until_its_last_transaction(
     path = source_file(files)
     rid = pg_store.ensure_resource("session", "imp")
     seen: list[int] = []
+    # Another client looks while the import runs: a blocking one on either
+    # flavour, since it runs inside the importer's on_progress.
+    other = PostgresSessionRepository(pg_store, renew_interval=None)
 
     def check(written: int) -> None:
         seen.append(written)
         if len(seen) == 1:  # before create() below claims and releases the lease
             assert pg_store.events(rid) == []  # watchers have nothing to see yet
-        assert not pg_repo.exists("imp")
-        assert "imp" not in pg_repo.list().ids()
-        assert pg_repo.list().problems == []  # in progress, not abandoned
+        assert not other.exists("imp")
+        assert "imp" not in other.list().ids()
+        assert other.list().problems == []  # in progress, not abandoned
         with pytest.raises(SessionNotFoundError):
-            pg_repo.open("imp")
+            other.open("imp")
         with pytest.raises(SessionNotFoundError):
-            pg_repo.info("imp")
+            other.info("imp")
         with pytest.raises(SessionNotFoundError):
-            pg_repo.snapshot("imp")
+            other.snapshot("imp")
         with pytest.raises(SessionNotFoundError):
-            pg_repo.delete("imp")
+            other.delete("imp")
         with pytest.raises(SessionExistsError):
-            pg_repo.create("imp")
+            other.create("imp")
         with pytest.raises(SessionBusyError, match="another import of this id is in progress"):
-            pg_repo.import_file(path, id="imp")
+            other.import_file(path, id="imp")
 
     with pg_repo.import_file(path, id="imp", chunk_entries=5, on_progress=check) as session:
         assert session.stats().entry_count == 38
@@ -242,7 +250,11 @@ def test_a_failed_import_leaves_nothing(
 
 
 def test_bad_import_arguments_change_nothing(
-    pg_repo: PostgresSessionRepository, files: SessionRepository, pg_dsn: str, schema: str
+    pg_repo: PostgresSessionRepository,
+    flavour: Flavour,
+    files: SessionRepository,
+    pg_dsn: str,
+    schema: str,
 ) -> None:
     path = source_file(files)
     for bad in (0, -1, True, 1.5, "3"):
@@ -251,7 +263,7 @@ def test_bad_import_arguments_change_nothing(
     with pytest.raises(InvalidSessionWriteError, match="stale_after"):
         pg_repo.cleanup_imports(-1)
     with pytest.raises(InvalidSessionWriteError, match="import_chunk_entries"):
-        PostgresSessionRepository(pg_repo.store, import_chunk_entries=0)
+        flavour.repo(import_chunk_entries=0)
     with pytest.raises(SessionNotFoundError):
         pg_repo.import_file(path.with_name("nothing.sqlite"), id="imp")
     assert leftover_rows(pg_dsn, schema, "imp")["sessions"] == 0
@@ -307,7 +319,7 @@ def kill_mid_import(pg_dsn: str, schema: str, path: Path, new_id: str) -> None:
 
 
 def test_a_killed_import_leaves_nothing_visible_and_is_cleaned_up(
-    pg_store: PostgresStore,
+    flavour: Flavour,
     files: SessionRepository,
     pg_dsn: str,
     schema: str,
@@ -316,7 +328,7 @@ def test_a_killed_import_leaves_nothing_visible_and_is_cleaned_up(
     kill_mid_import(pg_dsn, schema, path, "killed")
     rows = leftover_rows(pg_dsn, schema, "killed")
     assert rows["sessions"] == 1 and rows["session_entries"] == 6  # two chunks, hidden
-    fresh = PostgresSessionRepository(pg_store, renew_interval=None)
+    fresh = flavour.repo(renew_interval=None)
     assert not fresh.exists("killed") and "killed" not in fresh.list().ids()
     # Not stale yet (120 s): neither reported nor removed; another import waits.
     assert fresh.list().problems == []
@@ -324,7 +336,7 @@ def test_a_killed_import_leaves_nothing_visible_and_is_cleaned_up(
     with pytest.raises(SessionBusyError):
         fresh.import_file(path, id="killed")
     # With a zero stale limit the leftover is reported, then removed.
-    eager = PostgresSessionRepository(pg_store, renew_interval=None, import_stale_after=0)
+    eager = flavour.repo(renew_interval=None, import_stale_after=0)
     (problem,) = eager.list().problems
     assert problem.id == "killed" and "interrupted import" in str(problem.error)
     assert eager.cleanup_imports() == ["killed"]
@@ -333,7 +345,7 @@ def test_a_killed_import_leaves_nothing_visible_and_is_cleaned_up(
 
 
 def test_the_next_import_replaces_a_killed_one(
-    pg_store: PostgresStore,
+    flavour: Flavour,
     pg_repo: PostgresSessionRepository,
     files: SessionRepository,
     pg_dsn: str,
@@ -341,7 +353,7 @@ def test_the_next_import_replaces_a_killed_one(
 ) -> None:
     path = source_file(files)
     kill_mid_import(pg_dsn, schema, path, "again")
-    eager = PostgresSessionRepository(pg_store, renew_interval=None, import_stale_after=0)
+    eager = flavour.repo(renew_interval=None, import_stale_after=0)
     with eager.import_file(path, id="again", chunk_entries=4) as session:
         assert session.stats().entry_count == 38
     with pg_repo.create_from_plan(plan_fork(read_session_file(path), "src", "tree"), "ref"):
@@ -531,17 +543,17 @@ FORKS: list[tuple[ForkScope, str | None, ForkPosition]] = [
 
 
 def test_pg_fork_streams_in_chunks_and_equals_the_plan(
-    pg_store: PostgresStore, files: SessionRepository, pg_dsn: str, schema: str
+    flavour: Flavour, files: SessionRepository, pg_dsn: str, schema: str
 ) -> None:
     """A fork inside PostgreSQL goes through the chunked writer (chunks of 3)
     and writes what `plan_fork` plans; with a one-connection pool it takes
     the one-transaction path, with the same result."""
-    repo = PostgresSessionRepository(pg_store, renew_interval=None, import_chunk_entries=3)
+    repo = flavour.repo(renew_interval=None, import_chunk_entries=3)
     with repo.import_file(source_file(files), id="pg"):
         pass
     snapshot = repo.snapshot("pg")
-    with PostgresStore(pg_dsn, schema=schema, min_size=1, max_size=1) as single:
-        one = PostgresSessionRepository(single, renew_interval=None)
+    with flavour.store(min_size=1, max_size=1) as single:
+        one = flavour.repo(single, renew_interval=None)
         for n, (scope, entry_id, position) in enumerate(FORKS):
             plan = plan_fork(snapshot, "pg", scope, entry_id, position)
             with repo.fork("pg", scope, entry_id, position, id=f"f{n}") as fork:
@@ -591,6 +603,7 @@ def test_an_import_taken_over_by_a_cleanup_stops_and_shows_nothing(
     """A cleanup with a too-short stale limit removes a live import: the
     importer's next transaction finds its token gone and says so."""
     path = source_file(files)
+    # Blocking on either flavour: it runs inside the importer's on_progress.
     eager = PostgresSessionRepository(pg_store, renew_interval=None, import_stale_after=0)
     removed: list[list[str]] = []
 

@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -581,6 +582,53 @@ def test_a_client_role_runs_postgres_sessions_and_a_reader_reads_them(
         assert entries == 1
         _denied(reader_dsn, f'DELETE FROM "{schema}".session_entries')
         assert reader.list_resources("session")
+
+
+def test_a_client_role_imports_through_the_chunk_functions_and_a_reader_cannot(
+    store: PostgresStore, roles: Roles, pg_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """Import chunks are calls of session_import_chunk / session_import_registers:
+    a client is granted them (a reader is not), and a client without them
+    gets a PermissionDeniedError and no visible session."""
+    from pglease.sessions import PostgresSessionRepository, SessionRepository
+
+    client_name, client_dsn = roles.make("client")
+    reader_name, reader_dsn = roles.make("reader")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        grant(conn, schema, client_name, "client")
+        grant(conn, schema, reader_name, "reader")
+    with SessionRepository(tmp_path, renew_interval=None) as files, files.create("src") as src:
+        parent = None
+        for i in range(5):
+            parent = src.append_entry("message", parent, {"message": {"n": i}}).id
+    path = tmp_path / "src.sqlite"
+    functions = ("session_import_chunk", "session_import_registers")
+    for role, allowed in ((client_name, True), (reader_name, False), ("public", False)):
+        for function in functions:
+            [(may,)] = sql(
+                pg_dsn,
+                "SELECT has_function_privilege(%s, p.oid, 'EXECUTE') FROM pg_proc p"
+                " JOIN pg_namespace n ON n.oid = p.pronamespace"
+                " WHERE n.nspname = %s AND p.proname = %s",
+                [role, schema, function],
+            )
+            assert may is allowed, (role, function)
+    with PostgresStore(client_dsn, schema=schema, max_size=2) as client:
+        repo = PostgresSessionRepository(client, renew_interval=None)
+        with repo.import_file(path, id="imp", chunk_entries=2) as imported:
+            assert len(imported.scan_entries()) == 5
+        chunk_function = f'"{schema}".session_import_chunk'
+        sql(pg_dsn, f"REVOKE EXECUTE ON FUNCTION {chunk_function} FROM {client_name}")
+        with pytest.raises(PermissionDeniedError):
+            repo.import_file(path, id="denied", chunk_entries=2)
+        assert not repo.exists("denied")
+    with PostgresStore(reader_dsn, schema=schema, max_size=2) as reader:
+        rows = PostgresSessionRepository(reader, renew_interval=None).snapshot("imp").entries
+        assert len(rows) == 5
+    _denied(
+        reader_dsn,
+        f"SELECT \"{schema}\".session_import_registers('imp', 't', '{{}}', '{{}}', '{{}}', '{{}}')",
+    )
 
 
 def test_the_owner_revokes_a_stuck_lease_and_a_client_cannot(

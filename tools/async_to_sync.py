@@ -9,6 +9,7 @@ layout survive, then `ruff format` settles the layout:
   ``name_async`` -> ``name`` (so ``AsyncConnection``, ``migrate_async`` and the
   compat module ``_compat_async`` map to their sync counterparts);
 - ``Awaitable[X]`` becomes ``X`` (a callback's type: it returns the value);
+- the brackets of ``(await a.b(c)).d`` go with the ``await``: ``a.b(c).d``;
 - a line ending in ``# sync: CODE`` becomes ``CODE`` (same indentation), a
   line ending in ``# sync: -`` is dropped, and so is every line from one
   ``# async-only: begin`` to the next ``# async-only: end`` (both included):
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import io
+import keyword
 import re
 import subprocess
 import sys
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/_compat_async.py", "pglease/_compat.py"),
     ("pglease/_migrate_async.py", "pglease/_migrate.py"),
+    ("pglease/sessions/postgres_async.py", "pglease/sessions/postgres.py"),
     ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
     ("pglease/postgres/async_store.py", "pglease/postgres/store.py"),
@@ -117,6 +120,33 @@ def _closing_bracket(tokens: list[tokenize.TokenInfo], opening: int) -> int:
     raise ValueError(f"line {tokens[opening].start[0]}: unclosed bracket")
 
 
+def _bare_await_group(tokens: list[tokenize.TokenInfo], opening: int) -> int | None:
+    """The closing index when the bracket at `opening` holds only an awaited
+    primary (``(await a.b(c)[0])``), not a call's arguments or a tuple: once
+    ``await`` goes, those brackets are noise. None otherwise."""
+    if tokens[opening].string != "(" or tokens[opening + 1].string != "await":
+        return None
+    before = tokens[opening - 1] if opening else None
+    if before is not None and (
+        (before.type == tokenize.NAME and not keyword.iskeyword(before.string))
+        or before.string in (")", "]")
+    ):
+        return None  # a call: these are its argument brackets
+    closing = _closing_bracket(tokens, opening)
+    index = opening + 2
+    while index < closing:
+        tok = tokens[index]
+        if tok.type == tokenize.OP and tok.string in "([{":
+            index = _closing_bracket(tokens, index) + 1
+        elif (tok.type == tokenize.NAME and not keyword.iskeyword(tok.string)) or (
+            tok.type == tokenize.OP and tok.string == "."
+        ):
+            index += 1
+        else:
+            return None  # an operator, a comma, a keyword (`for`, `if`): keep them
+    return closing
+
+
 def convert(source: str) -> str:
     """The sync twin of asyncio module text `source` (before formatting)."""
     text = _apply_line_markers(source)
@@ -131,6 +161,11 @@ def convert(source: str) -> str:
     tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
     edits: list[tuple[int, int, str]] = []  # (start, end, replacement), in text order
     for index, tok in enumerate(tokens):
+        if (closing_index := _bare_await_group(tokens, index)) is not None:
+            closing = tokens[closing_index]
+            edits.append((at(tok.start), at(tok.end), ""))
+            edits.append((at(closing.start), at(closing.end), ""))
+            continue
         if tok.type != tokenize.NAME:
             continue
         following = tokens[index + 1] if index + 1 < len(tokens) else None

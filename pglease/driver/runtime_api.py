@@ -1,11 +1,12 @@
-"""The fleet runtime's entry points, for the stores' facade methods.
+"""The runtime's entry points, for the stores' facade methods.
 
 The stores sit below the runtime (tests/test_layering.py): a store module may
-not import `pglease.fleet`. So the runtime hands its entry points to this
-module when it is imported (`pglease/__init__.py` imports it, and every
-``pglease.*`` import runs that first), and `SqliteStore.hold` and friends
-call them from here: the store depends on this interface, the runtime
-provides it.
+not import `pglease.fleet` or `pglease.watch`. So each hands its entry points
+to this module when it is imported (`pglease/__init__.py` imports both, and
+every ``pglease.*`` import runs that first), and the stores' `hold`,
+`acquire`, `elect`, `leader` and `watch` call them from here: the store
+depends on this interface, the runtime provides it. (The stores name the
+runtime's result types in annotations only, under ``TYPE_CHECKING``.)
 """
 
 from __future__ import annotations
@@ -43,7 +44,16 @@ class RuntimeEntryPoints:
     leader_async: Callable[[Any, str], Awaitable[Leader | None]]
 
 
+@dataclass(frozen=True, slots=True)
+class WatchEntryPoints:
+    """`pglease.watch`'s watcher constructors, each taking the store first."""
+
+    watch: Callable[..., Any]
+    watch_async: Callable[..., Any]
+
+
 _provided: list[RuntimeEntryPoints] = []
+_watch_provided: list[WatchEntryPoints] = []
 
 
 def provide(entry_points: RuntimeEntryPoints) -> None:
@@ -56,3 +66,15 @@ def runtime() -> RuntimeEntryPoints:
     if not _provided:
         raise PgleaseError("the fleet runtime is not loaded: import pglease.fleet first")
     return _provided[0]
+
+
+def provide_watch(entry_points: WatchEntryPoints) -> None:
+    """Called once by `pglease.watch` when it is imported."""
+    _watch_provided[:] = [entry_points]
+
+
+def watch_runtime() -> WatchEntryPoints:
+    """The watch package's entry points (a `PgleaseError` if it was never imported)."""
+    if not _watch_provided:
+        raise PgleaseError("the watch runtime is not loaded: import pglease.watch first")
+    return _watch_provided[0]

@@ -23,6 +23,7 @@ from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
 from .. import _instrument, cursor_check
+from ..driver.runtime_api import Leader, runtime, watch_runtime
 from ..dsn import resolve_dsn
 from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
 from ..migrations import migrate_async, migration_state_async
@@ -40,10 +41,10 @@ from ._reuse_async import AsyncConnectionStack, discard
 from .runtime import AsyncPgRuntime
 
 if TYPE_CHECKING:
+    from .._watch_common import HubTuning
     from ..clock import Clock
-    from ..fleet import AsyncElection, AsyncHeldLease, Leader
+    from ..fleet import AsyncElection, AsyncHeldLease
     from ..watch import AsyncWatcher
-    from ..watch.hub import HubTuning
 
 T = TypeVar("T")
 AsyncApply = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
@@ -496,9 +497,8 @@ class AsyncPostgresStore:
     ) -> AbstractAsyncContextManager[AsyncHeldLease]:
         """Hold a lease for a block: ``(async) with store.hold(type, key, owner, ttl) as
         lease:``; see `pglease.fleet.hold` (and `hold_async`)."""
-        from ..fleet import hold_async
-
-        return hold_async(self, resource_type, key, owner, ttl, **options)
+        hold = runtime().hold_async  # sync: hold = runtime().hold
+        return hold(self, resource_type, key, owner, ttl, **options)
 
     async def acquire(
         self,
@@ -510,21 +510,19 @@ class AsyncPostgresStore:
         **options: Any,
     ) -> Claim:
         """Wait for the lease and claim it; see `pglease.fleet.acquire` (and `acquire_async`)."""
-        from ..fleet import acquire_async
-
-        return await acquire_async(self, resource_type, key, owner, ttl, timeout, **options)
+        acquire = runtime().acquire_async  # sync: acquire = runtime().acquire
+        return await acquire(self, resource_type, key, owner, ttl, timeout, **options)
 
     async def elect(self, name: str, candidate: Owner, **options: Any) -> AsyncElection:
         """Campaign for leadership of `name`; see `pglease.fleet.elect` (and `elect_async`)."""
-        from ..fleet import elect_async
-
-        return await elect_async(self, name, candidate, **options)
+        elect = runtime().elect_async  # sync: elect = runtime().elect
+        election: AsyncElection = await elect(self, name, candidate, **options)
+        return election
 
     async def leader(self, name: str) -> Leader | None:
         """The current leader of election `name` and its generation, if any."""
-        from ..fleet import leader_async
-
-        return await leader_async(self, name)
+        leader = runtime().leader_async  # sync: leader = runtime().leader
+        return await leader(self, name)
 
     def watch(
         self,
@@ -549,9 +547,8 @@ class AsyncPostgresStore:
         `mode` defaults to "listen", or "poll" in pooler mode (where "listen" is
         refused: a pooler does not keep a LISTEN's session).
         See `pglease.watch.Watcher` (and `AsyncWatcher`)."""
-        from ..watch import watch_async
-
-        return watch_async(
+        watch = watch_runtime().watch_async  # sync: watch = watch_runtime().watch
+        watcher: AsyncWatcher = watch(
             self,
             after=after,
             types=types,
@@ -564,3 +561,4 @@ class AsyncPostgresStore:
             clock=clock,
             tuning=tuning,
         )
+        return watcher

@@ -342,6 +342,24 @@ class PgRuntime:
         assert row is not None
         return _attempt(row)
 
+    def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
+        """One heartbeat through the store's pool, for a lease its owner keeps alive
+        itself (a session's writer lease): like the keeper's, it extends only the
+        expiry, bumps no revision and writes no event."""
+        store = self._store
+        args = _batch_args(batch)
+        try:
+            with store.connection() as conn:
+                if (bound := _core.pooler_local_limits(store)) is None:
+                    rows = conn.execute(self._q.heartbeat, args).fetchall()
+                else:
+                    with conn.pipeline(), conn.transaction():
+                        conn.execute(bound)
+                        rows = conn.execute(self._q.heartbeat, args).fetchall()
+        except psycopg.Error as exc:
+            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+        return _results(rows)
+
     def leave_queue(self, request: LeaveQueue) -> None:
         store = self._store
         try:
@@ -467,6 +485,22 @@ class AsyncPgRuntime:
             return None
         assert row is not None
         return _attempt(row)
+
+    async def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
+        """Asyncio twin of `PgRuntime.heartbeat`."""
+        store = self._store
+        args = _batch_args(batch)
+        try:
+            async with store.connection() as conn:
+                if (bound := _core.pooler_local_limits(store)) is None:
+                    rows = await (await conn.execute(self._q.heartbeat, args)).fetchall()
+                else:
+                    async with conn.pipeline(), conn.transaction():
+                        await conn.execute(bound)
+                        rows = await (await conn.execute(self._q.heartbeat, args)).fetchall()
+        except psycopg.Error as exc:
+            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+        return _results(rows)
 
     async def leave_queue(self, request: LeaveQueue) -> None:
         store = self._store

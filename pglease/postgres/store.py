@@ -23,6 +23,7 @@ from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from .. import _instrument, cursor_check
+from ..driver.runtime_api import Leader, runtime, watch_runtime
 from ..dsn import resolve_dsn
 from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
 from ..migrations import migrate, migration_state
@@ -40,10 +41,10 @@ from ._reuse import ConnectionStack, discard
 from .runtime import PgRuntime
 
 if TYPE_CHECKING:
+    from .._watch_common import HubTuning
     from ..clock import Clock
-    from ..fleet import Election, HeldLease, Leader
+    from ..fleet import Election, HeldLease
     from ..watch import Watcher
-    from ..watch.hub import HubTuning
 
 T = TypeVar("T")
 Apply = Callable[[psycopg.Connection[Any]], T]
@@ -471,8 +472,7 @@ class PostgresStore:
     ) -> AbstractContextManager[HeldLease]:
         """Hold a lease for a block: ``(async) with store.hold(type, key, owner, ttl) as
         lease:``; see `pglease.fleet.hold` (and `hold_async`)."""
-        from ..fleet import hold
-
+        hold = runtime().hold
         return hold(self, resource_type, key, owner, ttl, **options)
 
     def acquire(
@@ -485,20 +485,18 @@ class PostgresStore:
         **options: Any,
     ) -> Claim:
         """Wait for the lease and claim it; see `pglease.fleet.acquire` (and `acquire_async`)."""
-        from ..fleet import acquire
-
+        acquire = runtime().acquire
         return acquire(self, resource_type, key, owner, ttl, timeout, **options)
 
     def elect(self, name: str, candidate: Owner, **options: Any) -> Election:
         """Campaign for leadership of `name`; see `pglease.fleet.elect` (and `elect_async`)."""
-        from ..fleet import elect
-
-        return elect(self, name, candidate, **options)
+        elect = runtime().elect
+        election: Election = elect(self, name, candidate, **options)
+        return election
 
     def leader(self, name: str) -> Leader | None:
         """The current leader of election `name` and its generation, if any."""
-        from ..fleet import leader
-
+        leader = runtime().leader
         return leader(self, name)
 
     def watch(
@@ -524,9 +522,8 @@ class PostgresStore:
         `mode` defaults to "listen", or "poll" in pooler mode (where "listen" is
         refused: a pooler does not keep a LISTEN's session).
         See `pglease.watch.Watcher` (and `AsyncWatcher`)."""
-        from ..watch import watch
-
-        return watch(
+        watch = watch_runtime().watch
+        watcher: Watcher = watch(
             self,
             after=after,
             types=types,
@@ -539,3 +536,4 @@ class PostgresStore:
             clock=clock,
             tuning=tuning,
         )
+        return watcher

@@ -108,20 +108,6 @@ class Sql:
             f"INSERT INTO {{s}}.session_entries (session_id, {entry_cols})"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
         )
-        # Import chunks insert their rows in one statement each, from arrays:
-        # the server, not the client, then does the per-row work (with 500
-        # entries per chunk, 1,500 statements through executemany kept the
-        # transaction waiting on the client for most of its time).
-        self.insert_entries_bulk = q(
-            f"INSERT INTO {{s}}.session_entries (session_id, {entry_cols})"
-            " SELECT %s, u.* FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[],"
-            " %s::text[], %s::bigint[], %s::text[]) AS u"
-        )
-        self.insert_branch_rows_bulk = q(
-            "INSERT INTO {s}.session_branch_entries"
-            " (session_id, branch_id, entry_id, entry_seq, entry_type)"
-            " SELECT %s, u.* FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[]) AS u"
-        )
         self.get_entry = q(
             f"SELECT {entry_cols} FROM {{s}}.session_entries WHERE session_id = %s AND id = %s"
         )
@@ -311,6 +297,36 @@ class Sql:
             "UPDATE {s}.sessions SET import_token = NULL, import_touched_at = NULL,"
             " created_at = coalesce(%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint),"
             " message_count = %s, next_seq = %s WHERE id = %s AND import_token = %s"
+        )
+        # -- import chunks as one statement each (sql/0015_session_import_chunks.sql)
+        self.import_alive = q("SELECT 1 FROM {s}.sessions WHERE id = %s AND import_token = %s")
+        # covering_segment's best on the server, plus the segments among the
+        # given ones (those whose tip a chunk moved, unsent) that hold the
+        # entry: ChunkIndex judges them with their new tips.
+        covering = (
+            "SELECT m.branch_id, m.tip_entry_id, m.tip_seq, m.base_branch_id, m.base_seq"
+            " FROM {s}.session_branch_entries AS e JOIN {s}.session_branch_meta AS m"
+            " ON m.session_id = e.session_id AND m.branch_id = e.branch_id"
+            " WHERE e.session_id = %s AND e.entry_id = %s AND coalesce(m.base_seq, 0) < %s"
+            " AND %s <= m.tip_seq"
+        )
+        self.covering_segments = q(
+            f"({covering} ORDER BY m.tip_seq DESC, m.branch_id LIMIT 1)"
+            f" UNION ({covering} AND m.branch_id = ANY(%s::text[]))"
+        )
+        # The arrays go in binary (%b): psycopg's text format escapes every
+        # element with a regular expression, 10 ms of client CPU for 500 JSON
+        # payloads against 0.3 ms in binary.
+        self.import_chunk = q(
+            "SELECT {s}.session_import_chunk(%s, %s,"
+            " %b::text[], %b::text[], %b::bigint[], %b::text[], %b::text[], %b::bigint[],"
+            " %b::text[], %b::text[], %b::text[], %b::bigint[], %b::text[], %b::bigint[],"
+            " %b::text[], %b::text[], %b::bigint[],"
+            " %b::text[], %b::text[], %b::bigint[], %b::text[])"
+        )
+        self.import_registers = q(
+            "SELECT {s}.session_import_registers(%s, %s, %b::text[], %b::text[],"
+            " %b::bigint[], %b::text[])"
         )
 
 
@@ -630,6 +646,34 @@ class ReplayIndex(IndexCore):
         self._reads.clear()
 
 
+def send(conn: psycopg.Connection[Any], batches: Sequence[Batch]) -> None:
+    """Run write batches in order on a blocking connection."""
+    if batches:
+        with conn.cursor() as cur:
+            for query, rows in batches:
+                cur.executemany(query, rows)
+
+
+class PgBranchIndex(IndexCore):
+    """The branch index on a blocking connection, in the caller's transaction:
+    a read the caches cannot answer flushes the buffered writes, then queries.
+    (The asyncio store cannot block inside the algorithm: it uses `ReplayIndex`.)"""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], q: Sql, session_id: str, **kwargs: Any
+    ) -> None:
+        super().__init__(q, session_id, **kwargs)
+        self.conn = conn
+
+    def flush(self) -> None:
+        """Send the buffered segment inserts, tip moves and rows."""
+        send(self.conn, self.pending())
+
+    def fetch(self, query: bytes, params: Row) -> list[Row]:
+        self.flush()
+        return self.conn.execute(query, params).fetchall()
+
+
 # --- commits -------------------------------------------------------------------------------------
 
 
@@ -924,23 +968,148 @@ def import_gone(session_id: str) -> SessionError:
     )
 
 
+#: SQLSTATEs of the import chunk functions (sql/functions/40_sessions.sql).
+IMPORT_GONE_STATE = "PGL30"
+INVALID_CHUNK_STATE = "PGL31"
+
+
+def import_refusal(exc: psycopg.Error) -> SessionError | None:
+    """A refusal of the import chunk functions as the session error it means
+    (their message names the session and the problem); None for any other error."""
+    state = exc.diag.sqlstate
+    message = exc.diag.message_primary or str(exc)
+    if state == IMPORT_GONE_STATE:
+        return SessionError(message)
+    if state == INVALID_CHUNK_STATE:
+        return InvalidSessionWriteError(message)
+    return None
+
+
+class ChunkIndex(IndexCore):
+    """The branch index of one import chunk, sent as one statement at its end.
+
+    Reads go to the server without flushing (plain reads outside any
+    transaction: the rows of earlier chunks, which no one but this import
+    writes while its token holds) and are merged here with the chunk's own
+    buffered writes. A read not supplied yet raises `Miss`, as in
+    `ReplayIndex`; the driver fetches it, `supply()`s the rows and runs the
+    step again (the server's rows do not change during the chunk, so
+    supplied reads stay valid across writes)."""
+
+    def __init__(self, q: Sql, session_id: str) -> None:
+        super().__init__(q, session_id)
+        self._reads: dict[tuple[bytes, Row], list[Row]] = {}
+        self._created: set[str] = set()
+        self._own: dict[str, list[BranchRow]] = {}  # buffered rows by branch, seq order
+        self._own_of_entry: dict[str, set[str]] = {}
+
+    @staticmethod
+    def _key(query: bytes, params: Row) -> tuple[bytes, Row]:
+        return query, tuple(tuple(p) if isinstance(p, list) else p for p in params)
+
+    def fetch(self, query: bytes, params: Row) -> list[Row]:
+        found = self._reads.get(self._key(query, params))
+        if found is None:
+            raise Miss(query, params)
+        return found
+
+    def supply(self, miss: Miss, rows: list[Row]) -> None:
+        self._reads[self._key(miss.query, miss.params)] = rows
+
+    def add_segment(self, segment: Segment) -> None:
+        super().add_segment(segment)
+        self._created.add(segment.branch_id)
+
+    def add_rows(self, branch_id: str, rows: Sequence[BranchRow]) -> None:
+        super().add_rows(branch_id, rows)
+        self._own.setdefault(branch_id, []).extend(rows)
+        for row in rows:
+            self._own_of_entry.setdefault(row.entry_id, set()).add(branch_id)
+
+    def segment_by_tip(self, tip_entry_id: str) -> Segment | None:
+        branch_id = self._by_tip.get(tip_entry_id)
+        if branch_id is not None:
+            return self._segments[branch_id]
+        found = segment_from_row(self._one(self.q.segment_by_tip, (self.session_id, tip_entry_id)))
+        if found is not None and found.branch_id in self._segments:
+            return None  # the server's tip, moved on by this chunk
+        return self.remember(found)
+
+    def covering_segment(self, entry_id: str, entry_seq: int) -> Segment | None:
+        where = (self.session_id, entry_id, entry_seq, entry_seq)
+        moved = sorted(self._moved)
+        candidates: dict[str, Segment] = {}
+        for row in self.fetch(self.q.covering_segments, (*where, *where, moved)):
+            segment = segment_from_row(row)
+            assert segment is not None
+            candidates[segment.branch_id] = self._segments.get(segment.branch_id, segment)
+        for branch_id in self._own_of_entry.get(entry_id, ()):
+            candidates[branch_id] = self._segments[branch_id]
+        fitting = [s for s in candidates.values() if s.floor < entry_seq <= s.tip_seq]
+        if not fitting:
+            return None
+        # covering_segment's order: the newest tip first (tips are unique, so no tie)
+        return self.remember(max(fitting, key=lambda s: s.tip_seq))
+
+    def _own_rows(self, branch_id: str, above_seq: int, upto_seq: int) -> list[BranchRow]:
+        return [r for r in self._own.get(branch_id, ()) if above_seq < r.entry_seq <= upto_seq]
+
+    def newest_row_of_type(
+        self, branch_id: str, entry_type: str, above_seq: int, upto_seq: int
+    ) -> BranchRow | None:
+        own = self._own_rows(branch_id, above_seq, upto_seq)
+        found = [r for r in own if r.entry_type == entry_type]
+        if branch_id not in self._created:
+            server = super().newest_row_of_type(branch_id, entry_type, above_seq, upto_seq)
+            if server is not None:
+                found.append(server)
+        return max(found, key=lambda r: r.entry_seq, default=None)
+
+    def rows(
+        self, branch_id: str, above_seq: int, upto_seq: int, newest_first: bool
+    ) -> Iterator[BranchRow]:
+        found = self._own_rows(branch_id, above_seq, upto_seq)
+        if branch_id not in self._created:
+            found += super().rows(branch_id, above_seq, upto_seq, newest_first)
+        return iter(sorted(found, key=lambda r: r.entry_seq, reverse=newest_first))
+
+    def columns(self) -> tuple[list[Any], ...]:
+        """The buffered writes as the column arrays of `session_import_chunk`:
+        new segments (5), tip moves (3), branch rows (4)."""
+        new = [self._segments[b] for b in self._new]
+        moved = [self._segments[b] for b in sorted(self._moved)]
+        rows = self._rows
+        return (
+            [s.branch_id for s in new],
+            [s.tip_entry_id for s in new],
+            [s.tip_seq for s in new],
+            [s.base_branch_id for s in new],
+            [s.base_seq for s in new],
+            [s.branch_id for s in moved],
+            [s.tip_entry_id for s in moved],
+            [s.tip_seq for s in moved],
+            *([r[i] for r in rows] for i in range(1, 5)),
+        )
+
+
 class ChunkBuilder:
-    """One transaction of a chunked import: entries (seq order, following the
-    entries of earlier chunks) through the branch index, the import token
-    checked and its progress time moved.
+    """One chunk of a chunked import: entries (seq order, following the
+    entries of earlier chunks) through the branch index, then one call.
 
-    1. `lookups()`: parents from earlier chunks (plain reads: no xid yet);
-    2. `start(results)`; 3. `step(i)` per entry; 4. `batches()`, sent after
-    the touch (token check), whose empty result rolls the chunk back.
+    1. `lookups()`: parents from earlier chunks (plain reads: no transaction);
+    2. `start(results)`; 3. `step(i)` per entry (its index reads, plain too);
+    4. `call()`: `session_import_chunk`, one statement in autocommit that
+       checks the import token, moves its progress time and writes every row.
 
-    The touch is the chunk's first write: it takes the transaction's xid, so
-    the client's work on the branch index (steps 2-3, most of a chunk on a
-    busy host) happens before the xid and holds back no one's snapshot xmin
-    (bench/RESULTS-sessions.md, run 6).
+    The chunk's transaction is that one statement: the server never waits
+    for the client with it open (on a busy host most of a chunk's time was
+    the server waiting for the client's next message, bench/RESULTS-sessions.md
+    run 6). `alive()` is the token check as a read, for a chunk that fails
+    before its call (a missing parent may mean a cleanup took the import over).
     """
 
     def __init__(
-        self, q: Sql, session_id: str, token: str, entries: Sequence[Entry], index: IndexCore
+        self, q: Sql, session_id: str, token: str, entries: Sequence[Entry], index: ChunkIndex
     ) -> None:
         self.q = q
         self.session_id = session_id
@@ -959,11 +1128,11 @@ class ChunkBuilder:
             reads["tips"] = (self.q.segments_by_tips, (sid, self.parents))
         return reads
 
-    def touch(self) -> tuple[bytes, Row]:
-        """The token check, sent first with the writes."""
-        return self.q.touch_import, (self.session_id, self.token)
+    def alive(self) -> tuple[bytes, Row]:
+        """The token check as a read."""
+        return self.q.import_alive, (self.session_id, self.token)
 
-    def touched(self, rows: list[Row]) -> None:
+    def checked(self, rows: list[Row]) -> None:
         if not rows:
             raise import_gone(self.session_id)
 
@@ -982,34 +1151,41 @@ class ChunkBuilder:
         index_entry(self.index, entry.id, entry.seq, entry.type, entry.parent_id, parent_seq)
         self.seqs[entry.id] = entry.seq
 
-    def batches(self) -> list[Batch]:
-        sid = self.session_id
-        out = [
-            (self.q.insert_branch_rows_bulk, [_columns(sid, rows, 1)])
-            if query == self.q.insert_branch_row and len(rows) > 1
-            else (query, rows)
-            for query, rows in self.index.pending()
-        ]
-        if self.entries:
-            params = [entry_params(sid, e) for e in self.entries]
-            out.append((self.q.insert_entries_bulk, [_columns(sid, params, 1)]))
-        return out
-
-
-def _columns(session_id: str, rows: Sequence[Row], skip: int) -> Row:
-    """Rows as one parameter tuple: the session id, then one list per column
-    (after the first `skip` columns, the session id's)."""
-    width = len(rows[0])
-    return (session_id, *([row[i] for row in rows] for i in range(skip, width)))
-
-
-def register_batches(q: Sql, session_id: str, registers: Sequence[Register]) -> list[Batch]:
-    return [
-        (
-            q.upsert_register,
-            [(session_id, r.namespace, r.key, r.seq, r.value_json) for r in registers],
+    def call(self) -> tuple[bytes, Row]:
+        """The whole chunk as one `session_import_chunk` call."""
+        entries = self.entries
+        return (
+            self.q.import_chunk,
+            (
+                self.session_id,
+                self.token,
+                [e.id for e in entries],
+                [e.parent_id for e in entries],
+                [e.seq for e in entries],
+                [e.type for e in entries],
+                [e.custom_type for e in entries],
+                [e.timestamp for e in entries],
+                [e.payload_json for e in entries],
+                *self.index.columns(),
+            ),
         )
-    ]
+
+
+def registers_call(
+    q: Sql, session_id: str, token: str, registers: Sequence[Register]
+) -> tuple[bytes, Row]:
+    """A chunk of an import's registers as one `session_import_registers` call."""
+    return (
+        q.import_registers,
+        (
+            session_id,
+            token,
+            [r.namespace for r in registers],
+            [r.key for r in registers],
+            [r.seq for r in registers],
+            [r.value_json for r in registers],
+        ),
+    )
 
 
 def chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:

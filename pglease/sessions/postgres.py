@@ -1,13 +1,19 @@
+# Generated from pglease/sessions/postgres_async.py by tools/async_to_sync.py: do not edit.
 """Sessions in PostgreSQL tables (`sql/0004_sessions.sql`), shared by a fleet.
 
 The same session model as the per-session files, stored in the `session_*`
-tables of the store's schema, so any host can open any session.
+tables of the store's schema, so any host can open any session. Two flavours:
+`AsyncPostgresSessionRepository` on an `AsyncPostgresStore`, written in
+`pglease/sessions/postgres_async.py`, and `PostgresSessionRepository` on a
+`PostgresStore`, its blocking twin `pglease/sessions/postgres.py`, generated
+by `tools/async_to_sync.py` (edit the asyncio source, then run the tool).
 
 - The writer lease is a pglease lease on the resource `("session", id)`, held
   by `Owner("session", "<host>/<pid>/<uuid7>")`, fresh for every handle (as the
   file format's owner_id is). Its TTL is `lease_seconds` (30 s), renewed every
-  `renew_interval` (15 s) by a background thread.
-- Every commit is one `PostgresStore.mutate` with the handle's lease: the fence
+  `renew_interval` (15 s) in the background (an asyncio task; a daemon thread
+  in the blocking twin).
+- Every commit is one `mutate` of the store with the handle's lease: the fence
   check (owner, generation, token, expiry, under the lease row lock), the
   revision bump, the `session.commit` event and the session rows commit in one
   transaction. A commit does not extend the lease; the heartbeat does. (An
@@ -18,15 +24,23 @@ tables of the store's schema, so any host can open any session.
   nobody took it over: the next `open` gets a new generation.
 - Timestamps (`created_at`, entry timestamps) come from the database clock, so
   hosts with skewed clocks still stamp one session consistently.
+
+The branch-index algorithm (`pg_core`) is synchronous. On asyncio it runs
+against a `ReplayIndex`: the driver fetches whatever a step misses, then runs
+the step again; the blocking flavour's `PgBranchIndex` queries as it goes.
+Session files are local SQLite: their side of `fork_to_file` and
+`import_file` runs in a worker thread on asyncio (`to_thread`), directly in
+the blocking flavour.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,15 +49,22 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from .._compat import Background, Event, Lock, fetched_in_thread, thread_lock, to_thread
+from ..driver.protocol import HeartbeatItem
 from ..errors import (
+    AcquireTimeoutError,
     LeaseLostError,
+    LockTimeoutError,
     PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
 )
+from ..fleet.acquire import _acquire
 from ..ids import resource_id
 from ..postgres import PostgresStore
+from ..postgres.runtime import PgRuntime
 from ..types import Claim, Owner, Permit
+from ..validation import check_timeout
 from ._conveniences import ConvenienceWrites
 from .branch_index import BranchQuery
 from .branch_index import scan_branch as _scan_branch
@@ -68,6 +89,7 @@ from .fork import (
     checked_seq_order,
     plan_fork,
     resolve_fork,
+    resolve_fork_lookups,
 )
 from .ids import uuid7
 from .model import (
@@ -91,11 +113,12 @@ from .pg_core import (
     OWNER_TYPE,
     PURGE_CHUNK,
     RESOURCE_TYPE,
-    Batch,
     ChunkBuilder,
+    ChunkIndex,
     ChunkSizer,
     CommitBuilder,
-    IndexCore,
+    Miss,
+    PgBranchIndex,
     PlanBuilder,
     Row,
     SeqMoved,
@@ -111,14 +134,19 @@ from .pg_core import (
     entry_from_row,
     first_page_for,
     import_gone,
+    import_refusal,
     new_owner_id,
     new_session_plan,
     pooler_limits,
-    register_batches,
     register_from_row,
+    registers_call,
     sized_chunks,
     stale_import_problem,
     translate_unique,
+    usage_from_row,
+)
+from .pg_core import (
+    send as _send,
 )
 from .repository import (
     SUFFIX,
@@ -137,30 +165,19 @@ Conn = psycopg.Connection[Any]
 NowMs = Callable[[], int]
 T = TypeVar("T")
 
-
-class PgBranchIndex(IndexCore):
-    """The branch index on a blocking connection, in the caller's transaction:
-    a read the caches cannot answer flushes the buffered writes, then queries."""
-
-    def __init__(self, conn: Conn, q: Sql, session_id: str, **kwargs: Any) -> None:
-        super().__init__(q, session_id, **kwargs)
-        self.conn = conn
-
-    def flush(self) -> None:
-        """Send the buffered segment inserts, tip moves and rows."""
-        send(self.conn, self.pending())
-
-    def fetch(self, query: bytes, params: Row) -> list[Row]:
-        self.flush()
-        return self.conn.execute(query, params).fetchall()
+#: The branch index of one transaction (see the module docstring).
+Index = PgBranchIndex
 
 
-def send(conn: Conn, batches: Sequence[Batch]) -> None:
-    """Run write batches in order."""
-    if batches:
-        with conn.cursor() as cur:
-            for query, rows in batches:
-                cur.executemany(query, rows)
+def _index(conn: Conn, q: Sql, sid: str, **kwargs: Any) -> Index:
+    return PgBranchIndex(conn, q, sid, **kwargs)
+
+
+def _replay(conn: Conn, index: Index, step: Callable[[], T]) -> T:
+    """Run a step of the branch-index algorithm on `index`. On asyncio each
+    read the step misses is fetched and the step runs again; a blocking
+    `PgBranchIndex` reads as it goes, so the step runs once."""
+    return step()
 
 
 def _write_commit(
@@ -172,9 +189,8 @@ def _write_commit(
     fixed_now: int | None,
 ) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
     """The session half of a commit, inside the mutation's transaction."""
-    build = CommitBuilder(
-        q, session_id, prepared, expected_seq, fixed_now, PgBranchIndex(conn, q, session_id)
-    )
+    index = _index(conn, q, session_id)
+    build = CommitBuilder(q, session_id, prepared, expected_seq, fixed_now, index)
     # The reads of the whole commit in one pipelined round trip.
     with conn.pipeline():
         cursors = {
@@ -183,11 +199,11 @@ def _write_commit(
         results = {name: cur.fetchall() for name, cur in cursors.items()}
     build.start(results)
     for i in range(len(prepared)):
-        build.step(i)
+        _replay(conn, index, functools.partial(build.step, i))
     # Everything left is writes whose results we do not need: one pipeline,
     # one network round trip (errors still surface here, inside the transaction).
     with conn.pipeline():
-        send(conn, build.batches())
+        _send(conn, build.batches())
     return build.result()
 
 
@@ -196,21 +212,27 @@ def write_plan_rows(
 ) -> None:
     """Insert a new session built from a plan (caller's transaction). The entries
     go through the branch index in seq order; an existing id fails."""
-    build = PlanBuilder(q, session_id, plan, created_at, PgBranchIndex(conn, q, session_id))
+    index = _index(conn, q, session_id)
+    build = PlanBuilder(q, session_id, plan, created_at, index)
     query, params = build.session_insert()
-    if conn.execute(query, params).rowcount != 1:
+    cur = conn.execute(query, params)
+    if cur.rowcount != 1:
         raise SessionExistsError(f"session {session_id} already exists")
     for i in range(len(build.entries)):
-        build.step(i)
+        _replay(conn, index, functools.partial(build.step, i))
     with conn.pipeline():
-        send(conn, build.batches())
+        _send(conn, build.batches())
 
 
-def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry]) -> None:
-    """One import chunk, in the caller's transaction: lookups in one round trip,
-    the branch index, then the token check and every write in one more (the
-    check first: the xid is taken only then, see `ChunkBuilder`)."""
-    build = ChunkBuilder(q, session_id, token, entries, PgBranchIndex(conn, q, session_id))
+def _write_chunk(
+    conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry], limits: bytes | None
+) -> float:
+    """One import chunk on an autocommit connection: plain reads (the lookups in
+    one round trip, then what the branch index asks for), then every write in
+    one `session_import_chunk` call, the chunk's only write transaction.
+    Returns the seconds of that call (what the chunk sizer bounds)."""
+    index = ChunkIndex(q, session_id)
+    build = ChunkBuilder(q, session_id, token, entries, index)
     lookups = build.lookups()
     results: dict[str, list[Row]] = {}
     if lookups:
@@ -220,38 +242,61 @@ def _write_chunk(conn: Conn, q: Sql, session_id: str, token: str, entries: list[
     try:
         build.start(results)
         for i in range(len(entries)):
-            build.step(i)
+            _read_into(conn, index, functools.partial(build.step, i))
     except PgleaseError:
         # A parent missing may mean a cleanup took the import over and purged
         # it: say that rather than blame the source.
-        build.touched(conn.execute(*build.touch()).fetchall())
+        build.checked(conn.execute(*build.alive()).fetchall())
         raise
-    with conn.pipeline():
-        touch = conn.execute(*build.touch())
-        send(conn, build.batches())
-        rows = touch.fetchall()
-    build.touched(rows)
+    began = time.monotonic()
+    _call(conn, build.call(), limits)
+    return time.monotonic() - began
+
+
+def _read_into(conn: Conn, index: ChunkIndex, step: Callable[[], T]) -> T:
+    """Run a step of an import chunk's branch index, fetching the reads it
+    misses (nothing is written before the chunk's one call)."""
+    while True:
+        try:
+            return step()
+        except Miss as miss:
+            cur = conn.execute(miss.query, miss.params)
+            index.supply(miss, cur.fetchall())
 
 
 def _write_registers(
-    conn: Conn, q: Sql, session_id: str, token: str, registers: list[Register]
+    conn: Conn,
+    q: Sql,
+    session_id: str,
+    token: str,
+    registers: list[Register],
+    limits: bytes | None,
 ) -> None:
-    if not conn.execute(q.touch_import, (session_id, token)).fetchall():
-        raise import_gone(session_id)
-    send(conn, register_batches(q, session_id, registers))
+    _call(conn, registers_call(q, session_id, token, registers), limits)
 
 
-def _stream_entries(conn: Conn, q: Sql, query: bytes, params: Row) -> Iterator[Entry]:
-    """Rows of `query` through a server-side cursor, `STREAM_FETCH` at a time
-    (the caller's transaction): the client never holds more than one fetch."""
-    conn.execute(q.read_whole_cursor)
-    with conn.cursor(name="pglease_session_fork") as cur:
-        cur.execute(query, params)
-        while rows := cur.fetchmany(STREAM_FETCH):
-            for row in rows:
-                yield entry_from_row(row)
+def _call(conn: Conn, call: tuple[bytes, Row], limits: bytes | None) -> None:
+    """A chunk's call: alone in autocommit; in pooler mode (`limits`, no
+    session SET bounds it there) after the store's limits in one pipelined
+    transaction, BEGIN to COMMIT sent at once."""
+    if limits is None:
+        conn.execute(*call)
+        return
+    with conn.pipeline(), conn.transaction():
+        conn.execute(limits)
+        conn.execute(*call)
 
 
+#: How long a worker thread consuming a fork waits for one fetch of the source
+#: (the store's statement timeout usually ends a stuck one first).
+FETCH_WAIT = 300.0
+
+
+def _fetch_stalled() -> SessionError:
+    return SessionError(f"reading the source session stalled: no rows within {FETCH_WAIT:g} s")
+
+
+@contextlib.contextmanager
 def _fork_source(
     conn: Conn,
     q: Sql,
@@ -259,30 +304,50 @@ def _fork_source(
     scope: ForkScope,
     entry_id: str | None,
     position: ForkPosition,
-) -> ForkStream:
+) -> Iterator[ForkStream]:
     """A streamed fork of a PostgreSQL session (caller's read-only transaction):
-    the registers and the fork's lookups now, the entries as they are read. A
-    branch fork reads only the branch (a recursive walk up from its tip)."""
+    the registers and the fork's lookups now, the entries as they are read
+    from a server-side cursor, `STREAM_FETCH` rows at a time (the client never
+    holds more than one fetch). A branch fork reads only the branch (a
+    recursive walk up from its tip). The entries may be pulled from a worker
+    thread (`to_thread`), as `_write_stream` and the file writer do."""
     row = conn.execute(q.session_row, (source_id,)).fetchone()
     if row is None:
         raise SessionNotFoundError(f"session {source_id} does not exist")
     check_version(source_id, int(row[2]))
-    registers = tuple(register_from_row(r) for r in conn.execute(q.all_registers, (source_id,)))
-
-    def lookup(ids: Sequence[str]) -> dict[str, Entry]:
-        rows = conn.execute(q.entries_by_ids, (source_id, list(ids))).fetchall()
-        return {r[0]: entry_from_row(r) for r in rows}
-
-    shape = resolve_fork(registers, lookup, scope, entry_id, position)
-    entries: Iterable[Entry]
+    rows = conn.execute(q.all_registers, (source_id,)).fetchall()
+    registers = tuple(register_from_row(r) for r in rows)
+    # Every entry the fork's shape depends on, in one round trip (a bad
+    # `entry_id` is left out here: `resolve_fork` refuses it by name).
+    wanted = resolve_fork_lookups(registers, entry_id if isinstance(entry_id, str) else None)
+    found_rows = conn.execute(q.entries_by_ids, (source_id, wanted)).fetchall()
+    found = {r[0]: entry_from_row(r) for r in found_rows}
+    shape = resolve_fork(registers, lambda ids: found, scope, entry_id, position)
+    tip = shape.tip
+    params: tuple[Any, ...]
     if shape.scope == "tree":
-        entries = checked_seq_order(_stream_entries(conn, q, q.all_entries, (source_id,)))
-    elif shape.tip is None:
-        entries = ()
+        query, params = q.all_entries, (source_id,)
+    elif tip is None:  # an empty branch
+        yield ForkStream((), shape.lanes, registers, source_id, shape.scope)
+        return
     else:
-        params = (source_id, shape.tip, source_id, source_id)
-        entries = checked_path(_stream_entries(conn, q, q.path_entries, params), shape.tip)
-    return ForkStream(entries, shape.lanes, registers, source_id, shape.scope)
+        query, params = q.path_entries, (source_id, tip, source_id, source_id)
+    conn.execute(q.read_whole_cursor)
+    with conn.cursor(name="pglease_session_fork") as cur:
+        cur.execute(query, params)
+        fetch = functools.partial(cur.fetchmany, STREAM_FETCH)
+        raw = fetched_in_thread(fetch, wait=FETCH_WAIT, stalled=_fetch_stalled)
+        read = (entry_from_row(r) for r in raw)
+        entries = (
+            checked_seq_order(read)
+            if shape.scope == "tree" or tip is None
+            else checked_path(read, tip)
+        )
+        stream = ForkStream(entries, shape.lanes, registers, source_id, shape.scope)
+        try:
+            yield stream
+        finally:
+            stream.close()
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -324,6 +389,17 @@ def _read_consistent(store: PostgresStore, q: Sql, fn: Callable[[Conn], T]) -> T
     return _read(store, run, bounded=False)
 
 
+def _fetch_all(
+    store: PostgresStore, query: bytes, params: tuple[Any, ...]
+) -> list[tuple[Any, ...]]:
+    """The rows of one read (see `_read`)."""
+
+    def run(conn: Conn) -> list[tuple[Any, ...]]:
+        return conn.execute(query, params).fetchall()
+
+    return _read(store, run)
+
+
 def _mutation_error(store: PostgresStore, exc: psycopg.Error) -> PgleaseError:
     """A driver error `mutate` let through from our `apply` (the session SQL is
     ours, so none reaches the caller raw); the transaction was rolled back."""
@@ -337,21 +413,23 @@ def _read_snapshot(conn: Conn, q: Sql, session_id: str) -> SessionSnapshot:
     if row is None:
         raise SessionNotFoundError(f"session {session_id} does not exist")
     check_version(session_id, int(row[2]))
-    entries = tuple(entry_from_row(r) for r in conn.execute(q.all_entries, (session_id,)))
-    registers = tuple(
-        Register(r[0], r[1], int(r[2]), r[3]) for r in conn.execute(q.all_registers, (session_id,))
+    entries = conn.execute(q.all_entries, (session_id,)).fetchall()
+    registers = conn.execute(q.all_registers, (session_id,)).fetchall()
+    return SessionSnapshot(
+        tuple(entry_from_row(r) for r in entries),
+        tuple(register_from_row(r) for r in registers),
+        row[1],
     )
-    return SessionSnapshot(entries, registers, row[1])
 
 
 # --- the handle ---------------------------------------------------------------------------
 
 
-def _renew_loop(ref: weakref.ref[PostgresSession], stop: threading.Event, interval: float) -> None:
+def _renew_loop(ref: weakref.ref[PostgresSession], interval: float, background: Background) -> None:
     """Background renewal, holding the handle weakly (a dropped handle's lease
     expires). Transient errors are retried until the trust window closes."""
     last = time.monotonic()
-    while not stop.wait(interval):
+    while not background.pause(interval):
         handle = ref()
         if handle is None:
             return
@@ -377,9 +455,9 @@ def _renew_loop(ref: weakref.ref[PostgresSession], stop: threading.Event, interv
 class PostgresSession(ConvenienceWrites):
     """A writer handle on a session in PostgreSQL, holding its writer lease.
 
-    Created by `PostgresSessionRepository.create/open/fork/import_file`. Same
-    API as `SqliteSession`; once the lease is lost every call but `close()`
-    raises `WriterLeaseLostError`.
+    Created by the repository's `create/open/fork/import_file`. Same API as
+    the file sessions' handles; once the lease is lost every call but
+    `close()` raises `WriterLeaseLostError`.
     """
 
     def __init__(
@@ -398,25 +476,23 @@ class PostgresSession(ConvenienceWrites):
         self._id = session_id
         self._rid = claim.resource_id
         self._claim = claim
+        self._beats = PgRuntime(self._store)
         self._revision = revision
         self._next_seq = next_seq
         self._lease_seconds = repository.lease_seconds
         # Trust the lease until `request start + ttl` on our monotonic clock.
         self._trusted_until = claimed_at + repository.lease_seconds
-        self._lock = threading.RLock()
+        self._lock = Lock()  # one commit, renew or close at a time
+        self._lost_guard = thread_lock()  # the renewer and a commit may both find it lost
         self._closed = False
         self._lost_reason = ""
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.lost = Event()
+        self._renewer: Background | None = None
         if repository.renew_interval is not None:
-            self._thread = threading.Thread(
-                target=_renew_loop,
-                args=(weakref.ref(self), self._stop, repository.renew_interval),
+            self._renewer = Background(
+                functools.partial(_renew_loop, weakref.ref(self), repository.renew_interval),
                 name=f"pglease-session-renew-{session_id}",
-                daemon=True,
             )
-            self._thread.start()
 
     # -- identity --
 
@@ -452,7 +528,8 @@ class PostgresSession(ConvenienceWrites):
         return self._closed
 
     def __repr__(self) -> str:
-        return f"<PostgresSession {self._id} fence={self.fence} owner={self.owner_id}>"
+        name = type(self).__name__
+        return f"<{name} {self._id} fence={self.fence} owner={self.owner_id}>"
 
     def __enter__(self) -> PostgresSession:
         return self
@@ -472,11 +549,13 @@ class PostgresSession(ConvenienceWrites):
             )
 
     def _mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
-        first = not self.lost.is_set()
-        if first:
-            self._lost_reason = why
-        self.lost.set()
-        self._stop.set()
+        with self._lost_guard:
+            first = not self.lost.is_set()
+            if first:
+                self._lost_reason = why
+            self.lost.set()
+        if self._renewer is not None:
+            self._renewer.stop()
         if first and self._repo.on_lost is not None:
             try:
                 self._repo.on_lost(self)
@@ -493,20 +572,25 @@ class PostgresSession(ConvenienceWrites):
 
     def give_up(self, why: str) -> None:
         """Stop trusting the lease (called by the renewer)."""
-        with self._lock:
-            self._mark_lost(why)
+        self._mark_lost(why)
 
     def renew(self) -> None:
         """Extend the lease by `lease_seconds`; a lost lease -> `WriterLeaseLostError`."""
         with self._lock:
             self._usable()
             started = time.monotonic()
-            try:
-                claim = self._store.renew(self._claim, self._lease_seconds)
-            except LeaseLostError as exc:
-                raise self._mark_lost(f"no longer current: {exc}") from None
-            self._claim = claim
-            self._revision = claim.revision
+            # A heartbeat, not store.renew(): it extends the expiry only, so an
+            # open session bumps no revision and writes no event while it idles.
+            item = HeartbeatItem(self._claim, self._lease_seconds)
+            [beat] = self._beats.heartbeat([item])
+            if beat.status == "busy":
+                # The lease row is locked by a write in flight; the loop retries.
+                raise LockTimeoutError(
+                    f"session {self._id}: the writer lease row was locked during renewal"
+                )
+            if beat.status != "renewed" or beat.expires_at is None:
+                raise self._mark_lost(f"no longer current: the heartbeat found it {beat.status}")
+            self._claim = dataclasses.replace(self._claim, expires_at=beat.expires_at)
             self._trusted_until = started + self._lease_seconds
 
     def close(self) -> None:
@@ -514,9 +598,8 @@ class PostgresSession(ConvenienceWrites):
         with self._lock:
             if self._closed:
                 return
-            self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        if self._renewer is not None:
+            self._renewer.join()  # not under the lock: a renew in flight takes it
         with self._lock:
             if self._closed:
                 return
@@ -628,7 +711,7 @@ class PostgresSession(ConvenienceWrites):
     def _rows(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with self._lock:
             self._usable()
-        return _read(self._store, lambda conn: conn.execute(query, params).fetchall())
+        return _fetch_all(self._store, query, params)
 
     def get_entry(self, entry_id: str) -> Entry | None:
         rows = self._rows(self._q.get_entry, (self._id, entry_id))
@@ -676,31 +759,32 @@ class PostgresSession(ConvenienceWrites):
             row = conn.execute(self._q.get_entry, (self._id, leaf_id)).fetchone()
             if row is None:
                 raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
-            index = PgBranchIndex(
+            leaf = entry_from_row(row)
+            index = _index(
                 conn, self._q, self._id, load_entries=True, first_page=first_page_for(query)
             )
-            return _scan_branch(index, entry_from_row(row), query, index.load)
+            # Read-only: a replay reuses every page fetched before.
+            return _replay(conn, index, lambda: _scan_branch(index, leaf, query, index.load))
 
         return _read_consistent(self._store, self._q, scan)
 
     def get_register(self, namespace: str, key: str) -> Register | None:
         rows = self._rows(self._q.get_register, (self._id, namespace, key))
-        return Register(rows[0][0], rows[0][1], int(rows[0][2]), rows[0][3]) if rows else None
+        return register_from_row(rows[0]) if rows else None
 
     def list_registers(self, namespace: str, prefix: str = "") -> list[Register]:
         """Registers of `namespace` whose key starts with `prefix`, ordered by key."""
         rows = self._rows(self._q.list_registers, (self._id, namespace, prefix, prefix))
-        return [Register(r[0], r[1], int(r[2]), r[3]) for r in rows]
+        return [register_from_row(r) for r in rows]
 
     def usage_rows(self) -> list[UsageRow]:
-        rows = self._rows(self._q.usage_rows, (self._id,))
-        return [UsageRow(r[0], int(r[1]), r[2], bool(r[3]), r[4], r[5]) for r in rows]
+        return [usage_from_row(r) for r in self._rows(self._q.usage_rows, (self._id,))]
 
     def stats(self) -> SessionStats:
         with self._lock:
             self._usable()
 
-        def read(conn: Conn) -> tuple[Row, Row | None]:
+        def read(conn: Conn) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
             row = conn.execute(self._q.session_row, (self._id,)).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"session {self._id} does not exist")
@@ -727,7 +811,7 @@ class PostgresSession(ConvenienceWrites):
 
 
 class PostgresSessionRepository:
-    """Sessions in the `session_*` tables of a `PostgresStore`'s schema.
+    """Sessions in the `session_*` tables of an open store's schema.
 
     `lease_seconds` / `renew_interval` set the writer lease of the handles it
     opens (30 s / 15 s; `renew_interval=None` disables background renewal).
@@ -763,7 +847,7 @@ class PostgresSessionRepository:
         self.import_chunk_entries = check_chunk_size(import_chunk_entries, "import_chunk_entries")
         self.import_stale_after = check_stale_after(import_stale_after)
         self._q = Sql(store.schema)
-        self._lock = threading.Lock()
+        self._lock = thread_lock()  # handles close themselves from their renewers
         self._open: weakref.WeakSet[PostgresSession] = weakref.WeakSet()
 
     def __enter__(self) -> PostgresSessionRepository:
@@ -786,11 +870,12 @@ class PostgresSessionRepository:
     # -- opening --
 
     def exists(self, session_id: str) -> bool:
+        """True when the session exists (and is not a hidden import)."""
         check_session_id(session_id)
         return bool(self._fetch(self._q.session_exists, (session_id,)))
 
     def _fetch(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        return _read(self.store, lambda conn: conn.execute(query, params).fetchall())
+        return _fetch_all(self.store, query, params)
 
     def _held_error(self, session_id: str, rid: str) -> SessionAlreadyClaimedError:
         lease = self.store.get(rid).lease
@@ -802,17 +887,30 @@ class PostgresSessionRepository:
         )
 
     def _claim(self, session_id: str, rid: str, wait: float | None) -> tuple[Claim, float]:
+        """Claim the writer lease for a new handle: (claim, monotonic start of the
+        request that won it). Held by another: `SessionAlreadyClaimedError`, at
+        once or, with `wait`, after waiting that long through the fleet runtime's
+        acquire (woken by the holder's release or expiry, not a poll)."""
         owner = Owner(OWNER_TYPE, new_owner_id())
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
+        if wait is None:
             started = time.monotonic()
             claim = self.store.claim(rid, owner, self.lease_seconds)
-            if claim is not None:
-                return claim, started
-            if deadline is None or started >= deadline:
+            if claim is None:
                 raise self._held_error(session_id, rid)
-            # A simple poll; the fleet runtime's blocking acquire wakes at expiry.
-            time.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+            return claim, started
+        try:
+            return _acquire(
+                self.store,
+                RESOURCE_TYPE,
+                session_id,
+                owner,
+                self.lease_seconds,
+                wait,
+                fair=False,
+                use_watcher=True,
+            )
+        except AcquireTimeoutError:
+            raise self._held_error(session_id, rid) from None
 
     def _handle(
         self, session_id: str, claim: Claim, started: float, revision: int, next_seq: int
@@ -829,13 +927,21 @@ class PostgresSessionRepository:
             self._open.add(handle)
         return handle
 
+    def _release_quietly(self, claim: Claim) -> None:
+        try:
+            self.store.release(claim)
+        except PgleaseError as exc:  # the lease runs out by itself
+            log.warning("releasing %s failed: %s", claim.resource_id, exc)
+
     def open(self, session_id: str, *, wait: float | None = None) -> PostgresSession:
         """Open an existing session and claim its writer lease.
 
         Another live holder -> `SessionAlreadyClaimedError` naming it, or with
-        `wait` seconds, keep trying until then.
+        `wait` seconds, once it has not let go within them (the wait wakes when
+        the holder releases the lease or it expires).
         """
         check_session_id(session_id)
+        wait = check_timeout(wait, "wait")
         rows = self._fetch(self._q.session_exists, (session_id,))
         if not rows:
             raise SessionNotFoundError(f"session {session_id} does not exist")
@@ -843,20 +949,13 @@ class PostgresSessionRepository:
         rid = resource_id(RESOURCE_TYPE, session_id)
         claim, started = self._claim(session_id, rid, wait)
         try:
-            rows = self._fetch(self._q.session_row, (session_id,))
-            if not rows:
+            found = self._fetch(self._q.session_row, (session_id,))
+            if not found:
                 raise SessionNotFoundError(f"session {session_id} was deleted")
-            found = rows[0]
         except BaseException:
             self._release_quietly(claim)
             raise
-        return self._handle(session_id, claim, started, claim.revision, int(found[5]))
-
-    def _release_quietly(self, claim: Claim) -> None:
-        try:
-            self.store.release(claim)
-        except PgleaseError as exc:  # the lease runs out by itself
-            log.warning("releasing %s failed: %s", claim.resource_id, exc)
+        return self._handle(session_id, claim, started, claim.revision, int(found[0][5]))
 
     def _create_from_plan(self, session_id: str, plan: ForkPlan, event: str) -> PostgresSession:
         rid = self.store.ensure_resource(RESOURCE_TYPE, session_id)
@@ -926,11 +1025,8 @@ class PostgresSessionRepository:
         try:
             with self.store.connection() as conn, conn.transaction():
                 conn.execute(q.read_only)
-                stream = _fork_source(conn, q, source_id, scope, entry_id, position)
-                try:
+                with _fork_source(conn, q, source_id, scope, entry_id, position) as stream:
                     handle = self._write_stream(new_id, stream, self.import_chunk_entries, None)
-                finally:
-                    stream.close()
         except psycopg.Error as exc:
             if handle is not None:  # the fork is complete; ending the source's snapshot failed
                 return handle
@@ -961,18 +1057,16 @@ class PostgresSessionRepository:
         target = Path(directory) / (new_id + SUFFIX)
         if target.exists():
             raise SessionExistsError(f"session {new_id} already exists ({target})")
+        q = self._q
 
         def run(conn: Conn) -> Path:
-            stream = _fork_source(conn, self._q, source_id, scope, entry_id, position)
-            try:
+            with _fork_source(conn, q, source_id, scope, entry_id, position) as stream:
                 # Only now, with the source read and the fork valid: a missing
                 # directory is created on demand; a refused fork leaves none.
-                files = SessionRepository(directory, renew_interval=None)
-                return files.write_stream(stream, new_id)
-            finally:
-                stream.close()
+                files = to_thread(SessionRepository, directory, renew_interval=None)
+                return to_thread(files.write_stream, stream, new_id)
 
-        return _read_consistent(self.store, self._q, run)
+        return _read_consistent(self.store, q, run)
 
     def export_to_file(
         self, source_id: str, directory: str | os.PathLike[str], id: str | None = None
@@ -1008,27 +1102,41 @@ class PostgresSessionRepository:
         )
         if not file_path.is_file():
             raise SessionNotFoundError(f"session file {file_path} does not exist")
-        with file_fork_source(file_path) as source:
-            shape = resolve_fork(source.registers, source.lookup, "tree")
+        # The file is read where blocking is fine (`to_thread`), a chunk at a time.
+        opened = file_fork_source(file_path)
+        source = to_thread(opened.__enter__)
+        try:
+            shape = to_thread(resolve_fork, source.registers, source.lookup, "tree")
             stream = ForkStream(
-                checked_seq_order(source.entries()), shape.lanes, source.registers, file_id,
+                checked_seq_order(source.entries()),
+                shape.lanes,
+                source.registers,
+                file_id,
                 shape.scope,
             )
             try:
                 return self._write_stream(session_id, stream, size, on_progress)
             finally:
-                stream.close()
+                to_thread(stream.close)
+        finally:
+            to_thread(opened.__exit__, None, None, None)
 
     # -- chunked imports --
 
-    def _in_transaction(self, fn: Callable[[Conn], T]) -> T:
-        """One short write transaction of an import or a purge."""
+    def _in_transaction(self, fn: Callable[[Conn], T], transaction: bool = True) -> T:
+        """One short write transaction of an import or a purge (`transaction=False`:
+        `fn` on the autocommit connection, each statement its own transaction)."""
         conn: Conn | None = None
         try:
-            with self.store.connection() as conn, conn.transaction():
-                return fn(conn)
+            with self.store.connection() as conn:
+                if not transaction:
+                    return fn(conn)
+                with conn.transaction():
+                    if (limits := pooler_limits(self.store)) is not None:
+                        conn.execute(limits)  # no session SET bounds it behind a pooler
+                    return fn(conn)
         except psycopg.Error as exc:
-            error = (
+            error = import_refusal(exc) or (
                 translate_unique(exc)
                 if isinstance(exc, psycopg.errors.UniqueViolation)
                 else driver_error(self.store, exc, conn is not None and conn.broken)
@@ -1040,8 +1148,12 @@ class PostgresSessionRepository:
         `SessionExistsError`, a live import `SessionBusyError`, a stale partial
         is removed first."""
         params = (session_id, rid, parent, STORAGE_VERSION, EMPTY_USAGE_JSON, token)
+
+        def insert(conn: Conn) -> int:
+            return conn.execute(self._q.begin_import, params).rowcount
+
         for _ in range(3):
-            if self._in_transaction(lambda c: c.execute(self._q.begin_import, params).rowcount):
+            if self._in_transaction(insert):
                 return
             rows = self._fetch(self._q.import_state, (session_id,))
             if not rows:
@@ -1075,7 +1187,8 @@ class PostgresSessionRepository:
         after each. False when another cleanup took the partial over."""
 
         def purge_some(conn: Conn) -> int:
-            if not conn.execute(self._q.touch_import, (session_id, token)).fetchall():
+            touched = conn.execute(self._q.touch_import, (session_id, token))
+            if not touched.fetchall():
                 return -1
             for query in self._q.purge_rows:
                 deleted = conn.execute(query, (session_id, sizer.size)).rowcount
@@ -1099,10 +1212,12 @@ class PostgresSessionRepository:
     def _take_and_purge(self, session_id: str, stale_after: float) -> bool:
         """Take over a stale partial import (a new token) and remove it."""
         token = uuid7()
-        taken = self._in_transaction(
-            lambda c: c.execute(self._q.take_import, (token, session_id, stale_after)).fetchall()
-        )
-        return bool(taken) and self._purge_import(session_id, token)
+
+        def take(conn: Conn) -> list[tuple[Any, ...]]:
+            cur = conn.execute(self._q.take_import, (token, session_id, stale_after))
+            return cur.fetchall()
+
+        return bool(self._in_transaction(take)) and self._purge_import(session_id, token)
 
     def _discard_import(self, session_id: str, token: str) -> None:
         try:
@@ -1125,7 +1240,8 @@ class PostgresSessionRepository:
         found: set[str] = set()
         for start in range(0, len(ids), 1000):
             part = list(ids[start : start + 1000])
-            found.update(r[0] for r in self._fetch(self._q.known_entries, (session_id, part)))
+            rows = self._fetch(self._q.known_entries, (session_id, part))
+            found.update(r[0] for r in rows)
         return found
 
     def _write_stream(
@@ -1143,15 +1259,23 @@ class PostgresSessionRepository:
         self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
+            limits = pooler_limits(self.store)
             sizer = ChunkSizer(size)
-            for part in sized_chunks(stream.entries, sizer):
-                began = time.monotonic()
-                self._in_transaction(
+            parts = sized_chunks(stream.entries, sizer)
+            # The entries may come from a blocking reader (a file, `_fork_source`).
+            while (part := to_thread(next, parts, None)) is not None:
+                seconds = self._in_transaction(
                     functools.partial(
-                        _write_chunk, q=q, session_id=session_id, token=token, entries=part
-                    )
+                        _write_chunk,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        entries=part,
+                        limits=limits,
+                    ),
+                    transaction=False,
                 )
-                sizer.record(time.monotonic() - began)
+                sizer.record(seconds)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)
@@ -1162,8 +1286,14 @@ class PostgresSessionRepository:
             for regs in chunks(registers, size):
                 self._in_transaction(
                     functools.partial(
-                        _write_registers, q=q, session_id=session_id, token=token, registers=regs
-                    )
+                        _write_registers,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        registers=regs,
+                        limits=limits,
+                    ),
+                    transaction=False,
                 )
             # A create() of this id racing the import claims and releases the lease
             # in one breath: wait for it rather than throw the import away.
@@ -1203,9 +1333,11 @@ class PostgresSessionRepository:
         """Entries (seq order) and registers in one consistent read, without
         touching the writer lease."""
         check_session_id(session_id)
-        return _read_consistent(
-            self.store, self._q, lambda conn: _read_snapshot(conn, self._q, session_id)
-        )
+
+        def read(conn: Conn) -> SessionSnapshot:
+            return _read_snapshot(conn, self._q, session_id)
+
+        return _read_consistent(self.store, self._q, read)
 
     def _infos(self, session_id: str | None) -> SessionListing:
         rows = self._fetch(self._q.list_sessions, (session_id, session_id))
@@ -1294,7 +1426,7 @@ class PostgresSessionRepository:
                 raise SessionNotFoundError(f"session {session_id} does not exist")
 
         for attempt in (1, 2, 3):
-            revision = (self.store.get(rid)).revision
+            revision = self.store.get(rid).revision
             try:
                 self.store.mutate(
                     Permit(rid, revision), "session.deleted", hide, {"session": session_id}
@@ -1314,6 +1446,7 @@ class PostgresSessionRepository:
             raise delete_interrupted(session_id, exc) from exc
 
 
+# The sync lines give the twin its own names, in the order ruff sorts them.
 __all__ = [
     "OWNER_TYPE",
     "RESOURCE_TYPE",

@@ -1,40 +1,69 @@
-"""Asyncio twin of `pglease.sessions.postgres`, on `AsyncPostgresStore`.
+"""Sessions in PostgreSQL tables (`sql/0004_sessions.sql`), shared by a fleet.
 
-Same tables, same SQL, same lease and commit semantics (see that module); the
-blocking calls become coroutines and the heartbeat is an asyncio task. The
-branch-index algorithm is shared too: it runs against a `ReplayIndex` and this
-module fetches whatever a step asks for, then runs the step again.
+The same session model as the per-session files, stored in the `session_*`
+tables of the store's schema, so any host can open any session. Two flavours:
+`AsyncPostgresSessionRepository` on an `AsyncPostgresStore`, written in
+`pglease/sessions/postgres_async.py`, and `PostgresSessionRepository` on a
+`PostgresStore`, its blocking twin `pglease/sessions/postgres.py`, generated
+by `tools/async_to_sync.py` (edit the asyncio source, then run the tool).
 
-Session files are local SQLite: `fork_to_file`, `export_to_file` and the file
-side of `import_file` run in a worker thread (`asyncio.to_thread`).
+- The writer lease is a pglease lease on the resource `("session", id)`, held
+  by `Owner("session", "<host>/<pid>/<uuid7>")`, fresh for every handle (as the
+  file format's owner_id is). Its TTL is `lease_seconds` (30 s), renewed every
+  `renew_interval` (15 s) in the background (an asyncio task; a daemon thread
+  in the blocking twin).
+- Every commit is one `mutate` of the store with the handle's lease: the fence
+  check (owner, generation, token, expiry, under the lease row lock), the
+  revision bump, the `session.commit` event and the session rows commit in one
+  transaction. A commit does not extend the lease; the heartbeat does. (An
+  extra renew per commit would cost a round trip, a revision and an event.)
+- A renew bumps the resource revision too, so the handle tracks the revision
+  it holds after every renew and commit.
+- Expiry is judged by the database clock. A lease that expired is lost even if
+  nobody took it over: the next `open` gets a new generation.
+- Timestamps (`created_at`, entry timestamps) come from the database clock, so
+  hosts with skewed clocks still stamp one session consistently.
+
+The branch-index algorithm (`pg_core`) is synchronous. On asyncio it runs
+against a `ReplayIndex`: the driver fetches whatever a step misses, then runs
+the step again; the blocking flavour's `PgBranchIndex` queries as it goes.
+Session files are local SQLite: their side of `fork_to_file` and
+`import_file` runs in a worker thread on asyncio (`to_thread`), directly in
+the blocking flavour.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import os
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 
+from .._compat_async import Background, Event, Lock, fetched_in_thread, thread_lock, to_thread
+from ..driver.protocol import HeartbeatItem
 from ..errors import (
+    AcquireTimeoutError,
     LeaseLostError,
+    LockTimeoutError,
     PgleaseError,
     ResourceLeasedError,
     StaleResourceError,
 )
+from ..fleet.acquire import _acquire_async
 from ..ids import resource_id
 from ..postgres import AsyncPostgresStore
+from ..postgres.runtime import AsyncPgRuntime
 from ..types import Claim, Owner, Permit
+from ..validation import check_timeout
 from .branch_index import BranchQuery
 from .branch_index import scan_branch as _scan_branch
 from .errors import (
@@ -86,11 +115,12 @@ from .pg_core import (
     RESOURCE_TYPE,
     Batch,
     ChunkBuilder,
+    ChunkIndex,
     ChunkSizer,
     CommitBuilder,
     Miss,
     PlanBuilder,
-    ReplayIndex,
+    ReplayIndex,  # sync: PgBranchIndex,
     Row,
     SeqMoved,
     Sql,
@@ -105,11 +135,13 @@ from .pg_core import (
     entry_from_row,
     first_page_for,
     import_gone,
+    import_refusal,
     new_owner_id,
     new_session_plan,
     pooler_limits,
-    register_batches,
     register_from_row,
+    # sync: send as _send,
+    registers_call,
     sized_chunks,
     stale_import_problem,
     translate_unique,
@@ -124,17 +156,29 @@ from .repository import (
 )
 from .schema import EMPTY_USAGE_JSON, STORAGE_VERSION
 from .sqlite_file import STREAM_FETCH, file_fork_source
-from .writes import prepare_writes
+from .writes import Prepared, prepare_writes
+
+# sync: from ._conveniences import ConvenienceWrites
 
 log = logging.getLogger("pglease.sessions")
 
-AConn = psycopg.AsyncConnection[Any]
-T = TypeVar("T")
+Conn = psycopg.AsyncConnection[Any]
 NowMs = Callable[[], int]
+T = TypeVar("T")
+
+#: The branch index of one transaction (see the module docstring).
+Index = ReplayIndex  # sync: Index = PgBranchIndex
 
 
-async def _replay(conn: AConn, index: ReplayIndex, step: Callable[[], T]) -> T:
-    """Run a synchronous step of the branch-index algorithm, fetching what it misses."""
+def _index(conn: Conn, q: Sql, sid: str, **kwargs: Any) -> Index:
+    return ReplayIndex(q, sid, **kwargs)  # sync: return PgBranchIndex(conn, q, sid, **kwargs)
+
+
+async def _replay(conn: Conn, index: Index, step: Callable[[], T]) -> T:
+    """Run a step of the branch-index algorithm on `index`. On asyncio each
+    read the step misses is fetched and the step runs again; a blocking
+    `PgBranchIndex` reads as it goes, so the step runs once."""
+    # async-only: begin
     while True:
         try:
             return step()
@@ -142,25 +186,32 @@ async def _replay(conn: AConn, index: ReplayIndex, step: Callable[[], T]) -> T:
             await _send(conn, index.pending())  # the read must see every buffered write
             cur = await conn.execute(miss.query, miss.params)
             index.supply(miss, await cur.fetchall())
+    # async-only: end
+    # sync: return step()
 
 
-async def _send(conn: AConn, batches: Sequence[Batch]) -> None:
+# async-only: begin
+async def _send(conn: Conn, batches: Sequence[Batch]) -> None:
+    """Run write batches in order (the blocking flavour has `pg_core.send`)."""
     if batches:
         async with conn.cursor() as cur:
             for query, rows in batches:
                 await cur.executemany(query, rows)
 
 
+# async-only: end
 async def _write_commit(
-    conn: AConn,
+    conn: Conn,
     q: Sql,
     session_id: str,
-    prepared: Sequence[Any],
+    prepared: Sequence[Prepared],
     expected_seq: int,
     fixed_now: int | None,
 ) -> tuple[CommitResult, list[Entry], list[UsageRow]]:
-    index = ReplayIndex(q, session_id)
+    """The session half of a commit, inside the mutation's transaction."""
+    index = _index(conn, q, session_id)
     build = CommitBuilder(q, session_id, prepared, expected_seq, fixed_now, index)
+    # The reads of the whole commit in one pipelined round trip.
     async with conn.pipeline():
         cursors = {
             name: await conn.execute(query, params)
@@ -170,16 +221,19 @@ async def _write_commit(
     build.start(results)
     for i in range(len(prepared)):
         await _replay(conn, index, functools.partial(build.step, i))
+    # Everything left is writes whose results we do not need: one pipeline,
+    # one network round trip (errors still surface here, inside the transaction).
     async with conn.pipeline():
         await _send(conn, build.batches())
     return build.result()
 
 
 async def write_plan_rows_async(
-    conn: AConn, q: Sql, session_id: str, plan: ForkPlan, created_at: int | None
+    conn: Conn, q: Sql, session_id: str, plan: ForkPlan, created_at: int | None
 ) -> None:
-    """Asyncio twin of `postgres.write_plan_rows`."""
-    index = ReplayIndex(q, session_id)
+    """Insert a new session built from a plan (caller's transaction). The entries
+    go through the branch index in seq order; an existing id fails."""
+    index = _index(conn, q, session_id)
     build = PlanBuilder(q, session_id, plan, created_at, index)
     query, params = build.session_insert()
     cur = await conn.execute(query, params)
@@ -192,10 +246,13 @@ async def write_plan_rows_async(
 
 
 async def _write_chunk(
-    conn: AConn, q: Sql, session_id: str, token: str, entries: list[Entry]
-) -> None:
-    """Asyncio twin of `postgres._write_chunk`."""
-    index = ReplayIndex(q, session_id)
+    conn: Conn, q: Sql, session_id: str, token: str, entries: list[Entry], limits: bytes | None
+) -> float:
+    """One import chunk on an autocommit connection: plain reads (the lookups in
+    one round trip, then what the branch index asks for), then every write in
+    one `session_import_chunk` call, the chunk's only write transaction.
+    Returns the seconds of that call (what the chunk sizer bounds)."""
+    index = ChunkIndex(q, session_id)
     build = ChunkBuilder(q, session_id, token, entries, index)
     lookups = build.lookups()
     results: dict[str, list[Row]] = {}
@@ -206,61 +263,126 @@ async def _write_chunk(
     try:
         build.start(results)
         for i in range(len(entries)):
-            await _replay(conn, index, functools.partial(build.step, i))
+            await _read_into(conn, index, functools.partial(build.step, i))
     except PgleaseError:
-        # A missing parent may mean a cleanup took the import over: say so.
-        build.touched(await (await conn.execute(*build.touch())).fetchall())
+        # A parent missing may mean a cleanup took the import over and purged
+        # it: say that rather than blame the source.
+        build.checked(await (await conn.execute(*build.alive())).fetchall())
         raise
-    async with conn.pipeline():
-        touch = await conn.execute(*build.touch())
-        await _send(conn, build.batches())
-        rows = await touch.fetchall()
-    build.touched(rows)
+    began = time.monotonic()
+    await _call(conn, build.call(), limits)
+    return time.monotonic() - began
+
+
+async def _read_into(conn: Conn, index: ChunkIndex, step: Callable[[], T]) -> T:
+    """Run a step of an import chunk's branch index, fetching the reads it
+    misses (nothing is written before the chunk's one call)."""
+    while True:
+        try:
+            return step()
+        except Miss as miss:
+            cur = await conn.execute(miss.query, miss.params)
+            index.supply(miss, await cur.fetchall())
 
 
 async def _write_registers(
-    conn: AConn, q: Sql, session_id: str, token: str, registers: list[Register]
+    conn: Conn,
+    q: Sql,
+    session_id: str,
+    token: str,
+    registers: list[Register],
+    limits: bytes | None,
 ) -> None:
-    if not await (await conn.execute(q.touch_import, (session_id, token))).fetchall():
-        raise import_gone(session_id)
-    await _send(conn, register_batches(q, session_id, registers))
+    await _call(conn, registers_call(q, session_id, token, registers), limits)
 
 
-#: How long the file-writing thread of a fork waits for one fetch of the
-#: source (the store's statement timeout usually ends a stuck one first).
+async def _call(conn: Conn, call: tuple[bytes, Row], limits: bytes | None) -> None:
+    """A chunk's call: alone in autocommit; in pooler mode (`limits`, no
+    session SET bounds it there) after the store's limits in one pipelined
+    transaction, BEGIN to COMMIT sent at once."""
+    if limits is None:
+        await conn.execute(*call)
+        return
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(limits)
+        await conn.execute(*call)
+
+
+#: How long a worker thread consuming a fork waits for one fetch of the source
+#: (the store's statement timeout usually ends a stuck one first).
 FETCH_WAIT = 300.0
 
 
-def _bridged(
-    loop: asyncio.AbstractEventLoop,
-    fetch: Callable[[], Coroutine[Any, Any, list[tuple[Any, ...]]]],
-) -> Iterator[Entry]:
-    """Entries of an async server-side cursor, for a consumer in a worker thread:
-    each fetch runs on the event loop (free while it awaits the thread)."""
-    while True:
-        future = asyncio.run_coroutine_threadsafe(fetch(), loop)
+def _fetch_stalled() -> SessionError:
+    return SessionError(f"reading the source session stalled: no rows within {FETCH_WAIT:g} s")
+
+
+@contextlib.asynccontextmanager
+async def _fork_source(
+    conn: Conn,
+    q: Sql,
+    source_id: str,
+    scope: ForkScope,
+    entry_id: str | None,
+    position: ForkPosition,
+) -> AsyncIterator[ForkStream]:
+    """A streamed fork of a PostgreSQL session (caller's read-only transaction):
+    the registers and the fork's lookups now, the entries as they are read
+    from a server-side cursor, `STREAM_FETCH` rows at a time (the client never
+    holds more than one fetch). A branch fork reads only the branch (a
+    recursive walk up from its tip). The entries may be pulled from a worker
+    thread (`to_thread`), as `_write_stream` and the file writer do."""
+    row = await (await conn.execute(q.session_row, (source_id,))).fetchone()
+    if row is None:
+        raise SessionNotFoundError(f"session {source_id} does not exist")
+    check_version(source_id, int(row[2]))
+    rows = await (await conn.execute(q.all_registers, (source_id,))).fetchall()
+    registers = tuple(register_from_row(r) for r in rows)
+    # Every entry the fork's shape depends on, in one round trip (a bad
+    # `entry_id` is left out here: `resolve_fork` refuses it by name).
+    wanted = resolve_fork_lookups(registers, entry_id if isinstance(entry_id, str) else None)
+    found_rows = await (await conn.execute(q.entries_by_ids, (source_id, wanted))).fetchall()
+    found = {r[0]: entry_from_row(r) for r in found_rows}
+    shape = resolve_fork(registers, lambda ids: found, scope, entry_id, position)
+    tip = shape.tip
+    params: tuple[Any, ...]
+    if shape.scope == "tree":
+        query, params = q.all_entries, (source_id,)
+    elif tip is None:  # an empty branch
+        yield ForkStream((), shape.lanes, registers, source_id, shape.scope)
+        return
+    else:
+        query, params = q.path_entries, (source_id, tip, source_id, source_id)
+    await conn.execute(q.read_whole_cursor)
+    async with conn.cursor(name="pglease_session_fork") as cur:
+        await cur.execute(query, params)
+        fetch = functools.partial(cur.fetchmany, STREAM_FETCH)
+        raw = fetched_in_thread(fetch, wait=FETCH_WAIT, stalled=_fetch_stalled)
+        read = (entry_from_row(r) for r in raw)
+        entries = (
+            checked_seq_order(read)
+            if shape.scope == "tree" or tip is None
+            else checked_path(read, tip)
+        )
+        stream = ForkStream(entries, shape.lanes, registers, source_id, shape.scope)
         try:
-            rows = future.result(FETCH_WAIT)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise SessionError(
-                f"reading the source session stalled: no rows within {FETCH_WAIT:g} s"
-            ) from None
-        if not rows:
-            return
-        for row in rows:
-            yield entry_from_row(row)
+            yield stream
+        finally:
+            stream.close()
+
+
+# --- reading ------------------------------------------------------------------------------
 
 
 async def _read(
-    store: AsyncPostgresStore, fn: Callable[[AConn], Awaitable[T]], bounded: bool = True
+    store: AsyncPostgresStore, fn: Callable[[Conn], Awaitable[T]], bounded: bool = True
 ) -> T:
     """Run a read on a store connection; once more on a fresh one when the
     connection breaks under it (a read is safe to repeat). Driver errors come
     out as PgleaseErrors, as from the store's own reads. In pooler mode it runs
     in a transaction that sets the store's limits first (pipelined with it)."""
     for attempt in (1, 2):
-        conn: AConn | None = None
+        conn: Conn | None = None
         try:
             async with store.connection() as conn:
                 if not bounded or (limits := pooler_limits(store)) is None:
@@ -278,11 +400,11 @@ async def _read(
 
 
 async def _read_consistent(
-    store: AsyncPostgresStore, q: Sql, fn: Callable[[AConn], Awaitable[T]]
+    store: AsyncPostgresStore, q: Sql, fn: Callable[[Conn], Awaitable[T]]
 ) -> T:
     """`_read` in a repeatable-read, read-only transaction: one consistent view."""
 
-    async def run(conn: AConn) -> T:
+    async def run(conn: Conn) -> T:
         async with conn.transaction():
             await conn.execute(q.read_only)  # first: it must precede any query
             if (limits := pooler_limits(store)) is not None:
@@ -295,7 +417,9 @@ async def _read_consistent(
 async def _fetch_all(
     store: AsyncPostgresStore, query: bytes, params: tuple[Any, ...]
 ) -> list[tuple[Any, ...]]:
-    async def run(conn: AConn) -> list[tuple[Any, ...]]:
+    """The rows of one read (see `_read`)."""
+
+    async def run(conn: Conn) -> list[tuple[Any, ...]]:
         return await (await conn.execute(query, params)).fetchall()
 
     return await _read(store, run)
@@ -309,7 +433,7 @@ def _mutation_error(store: AsyncPostgresStore, exc: psycopg.Error) -> PgleaseErr
     return driver_error(store, exc)
 
 
-async def _read_snapshot(conn: AConn, q: Sql, session_id: str) -> SessionSnapshot:
+async def _read_snapshot(conn: Conn, q: Sql, session_id: str) -> SessionSnapshot:
     row = await (await conn.execute(q.session_row, (session_id,))).fetchone()
     if row is None:
         raise SessionNotFoundError(f"session {session_id} does not exist")
@@ -323,11 +447,16 @@ async def _read_snapshot(conn: AConn, q: Sql, session_id: str) -> SessionSnapsho
     )
 
 
-async def _renew_loop(ref: weakref.ref[AsyncPostgresSession], interval: float) -> None:
-    """The heartbeat task; holds the handle weakly, like the threaded one."""
+# --- the handle ---------------------------------------------------------------------------
+
+
+async def _renew_loop(
+    ref: weakref.ref[AsyncPostgresSession], interval: float, background: Background
+) -> None:
+    """Background renewal, holding the handle weakly (a dropped handle's lease
+    expires). Transient errors are retried until the trust window closes."""
     last = time.monotonic()
-    while True:
-        await asyncio.sleep(interval)
+    while not await background.pause(interval):
         handle = ref()
         if handle is None:
             return
@@ -350,8 +479,13 @@ async def _renew_loop(ref: weakref.ref[AsyncPostgresSession], interval: float) -
             del handle
 
 
-class AsyncPostgresSession:
-    """Asyncio twin of `PostgresSession` (same methods, as coroutines)."""
+class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
+    """A writer handle on a session in PostgreSQL, holding its writer lease.
+
+    Created by the repository's `create/open/fork/import_file`. Same API as
+    the file sessions' handles; once the lease is lost every call but
+    `close()` raises `WriterLeaseLostError`.
+    """
 
     def __init__(
         self,
@@ -369,20 +503,25 @@ class AsyncPostgresSession:
         self._id = session_id
         self._rid = claim.resource_id
         self._claim = claim
+        self._beats = AsyncPgRuntime(self._store)
         self._revision = revision
         self._next_seq = next_seq
         self._lease_seconds = repository.lease_seconds
+        # Trust the lease until `request start + ttl` on our monotonic clock.
         self._trusted_until = claimed_at + repository.lease_seconds
-        self._lock = asyncio.Lock()
+        self._lock = Lock()  # one commit, renew or close at a time
+        self._lost_guard = thread_lock()  # the renewer and a commit may both find it lost
         self._closed = False
         self._lost_reason = ""
-        self.lost = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self.lost = Event()
+        self._renewer: Background | None = None
         if repository.renew_interval is not None:
-            self._task = asyncio.get_running_loop().create_task(
-                _renew_loop(weakref.ref(self), repository.renew_interval),
+            self._renewer = Background(
+                functools.partial(_renew_loop, weakref.ref(self), repository.renew_interval),
                 name=f"pglease-session-renew-{session_id}",
             )
+
+    # -- identity --
 
     @property
     def id(self) -> str:
@@ -390,6 +529,7 @@ class AsyncPostgresSession:
 
     @property
     def resource_id(self) -> str:
+        """The pglease resource `("session", id)` carrying the writer lease."""
         return self._rid
 
     @property
@@ -402,10 +542,12 @@ class AsyncPostgresSession:
 
     @property
     def fence(self) -> int:
+        """The lease generation: the fencing token."""
         return self._claim.generation
 
     @property
     def revision(self) -> int:
+        """The resource revision after this handle's last renew or commit."""
         return self._revision
 
     @property
@@ -413,7 +555,8 @@ class AsyncPostgresSession:
         return self._closed
 
     def __repr__(self) -> str:
-        return f"<AsyncPostgresSession {self._id} fence={self.fence} owner={self.owner_id}>"
+        name = type(self).__name__
+        return f"<{name} {self._id} fence={self.fence} owner={self.owner_id}>"
 
     async def __aenter__(self) -> AsyncPostgresSession:
         return self
@@ -433,10 +576,13 @@ class AsyncPostgresSession:
             )
 
     def _mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
-        first = not self.lost.is_set()
-        if first:
-            self._lost_reason = why
-        self.lost.set()
+        with self._lost_guard:
+            first = not self.lost.is_set()
+            if first:
+                self._lost_reason = why
+            self.lost.set()
+        if self._renewer is not None:
+            self._renewer.stop()
         if first and self._repo.on_lost is not None:
             try:
                 self._repo.on_lost(self)
@@ -448,9 +594,11 @@ class AsyncPostgresSession:
         )
 
     def trust_expired(self) -> bool:
+        """True once the lease may have run out by our own monotonic clock."""
         return time.monotonic() >= self._trusted_until
 
     def give_up(self, why: str) -> None:
+        """Stop trusting the lease (called by the renewer)."""
         self._mark_lost(why)
 
     async def renew(self) -> None:
@@ -458,23 +606,27 @@ class AsyncPostgresSession:
         async with self._lock:
             self._usable()
             started = time.monotonic()
-            try:
-                claim = await self._store.renew(self._claim, self._lease_seconds)
-            except LeaseLostError as exc:
-                raise self._mark_lost(f"no longer current: {exc}") from None
-            self._claim = claim
-            self._revision = claim.revision
+            # A heartbeat, not store.renew(): it extends the expiry only, so an
+            # open session bumps no revision and writes no event while it idles.
+            item = HeartbeatItem(self._claim, self._lease_seconds)
+            [beat] = await self._beats.heartbeat([item])
+            if beat.status == "busy":
+                # The lease row is locked by a write in flight; the loop retries.
+                raise LockTimeoutError(
+                    f"session {self._id}: the writer lease row was locked during renewal"
+                )
+            if beat.status != "renewed" or beat.expires_at is None:
+                raise self._mark_lost(f"no longer current: the heartbeat found it {beat.status}")
+            self._claim = dataclasses.replace(self._claim, expires_at=beat.expires_at)
             self._trusted_until = started + self._lease_seconds
 
     async def close(self) -> None:
-        """Stop the heartbeat, release the lease (if still ours)."""
-        if self._closed:
-            return
-        task, self._task = self._task, None
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop renewing, release the lease (if still ours); the handle is done."""
+        async with self._lock:
+            if self._closed:
+                return
+        if self._renewer is not None:
+            await self._renewer.join()  # not under the lock: a renew in flight takes it
         async with self._lock:
             if self._closed:
                 return
@@ -506,6 +658,8 @@ class AsyncPostgresSession:
         fixed_now = None if self._repo.now_ms is None else self._repo.now_ms()
         async with self._lock:
             self._usable()
+            # After an ambiguous failure (connection lost around COMMIT) both the
+            # revision and next_seq can be stale: each may be resynced once.
             resynced_revision = resynced_seq = False
             while True:
                 first = self._next_seq
@@ -516,7 +670,7 @@ class AsyncPostgresSession:
                     **counts,
                 }
 
-                async def apply(conn: AConn, first: int = first) -> Any:
+                async def apply(conn: Conn, first: int = first) -> Any:
                     return await _write_commit(conn, self._q, self._id, prepared, first, fixed_now)
 
                 try:
@@ -529,6 +683,8 @@ class AsyncPostgresSession:
                 except LeaseLostError as exc:
                     raise self._mark_lost(f"no longer current: {exc}") from None
                 except StaleResourceError as exc:
+                    # The lease was checked first and is ours: the revision moved
+                    # under us (a renew whose reply we missed). Adopt it and retry.
                     if resynced_revision or exc.actual is None:
                         raise
                     resynced_revision = True
@@ -551,7 +707,8 @@ class AsyncPostgresSession:
                 return value
 
     async def commit(self, writes: Sequence[Write]) -> CommitResult:
-        """Apply `writes` atomically, fenced by the writer lease."""
+        """Apply `writes` atomically, fenced by the writer lease: seqs next_seq..,
+        one timestamp, one `session.commit` event."""
         return (await self._commit(writes))[0]
 
     async def append_entry(
@@ -568,6 +725,8 @@ class AsyncPostgresSession:
         )
         return entries[0]
 
+    # async-only: begin
+    # The blocking flavour inherits these three from `ConvenienceWrites`.
     async def append_message(
         self,
         parent_id: str | None,
@@ -576,16 +735,20 @@ class AsyncPostgresSession:
         terminate: bool | None = None,
         id: str | None = None,
     ) -> Entry:
+        """Append a `message` entry (`terminate` only when given)."""
         payload: dict[str, Any] = {"message": message}
         if terminate is not None:
             payload["terminate"] = terminate
         return await self.append_entry("message", parent_id, payload, id=id)
 
     async def set_register(self, namespace: str, key: str, value: Any) -> int:
+        """Upsert a register; returns the seq it was written at."""
         return (await self.commit([SetRegister(namespace, key, value)])).first_seq
 
     async def delete_register(self, namespace: str, key: str) -> int:
+        """Delete a register (no tombstone); the delete still takes a seq."""
         return (await self.commit([DeleteRegister(namespace, key)])).first_seq
+    # async-only: end
 
     async def add_usage(
         self,
@@ -602,7 +765,8 @@ class AsyncPostgresSession:
     # -- reads --
 
     async def _rows(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        self._usable()
+        async with self._lock:
+            self._usable()
         return await _fetch_all(self._store, query, params)
 
     async def get_entry(self, entry_id: str) -> Entry | None:
@@ -616,6 +780,7 @@ class AsyncPostgresSession:
         limit: int | None = None,
         types: Iterable[str] | None = None,
     ) -> list[Entry]:
+        """Entries with `seq > after_seq` in seq order, optionally of some types."""
         wanted = check_scan_args(after_seq, limit, types)
         rows = await self._rows(self._q.scan_entries, (self._id, after_seq, wanted, wanted, limit))
         return [entry_from_row(r) for r in rows]
@@ -632,7 +797,8 @@ class AsyncPostgresSession:
         cursor: int | None = None,
         limit: int | None = None,
     ) -> list[Entry]:
-        """The path from `leaf_id` to the root, in one consistent read."""
+        """The path from `leaf_id` to the root through the branch index, in one
+        consistent read. See `BranchQuery` for the options."""
         query = BranchQuery(
             newest_first=newest_first,
             stop_type=stop_type,
@@ -642,17 +808,18 @@ class AsyncPostgresSession:
             cursor=cursor,
             limit=limit,
         )
-        self._usable()
+        async with self._lock:
+            self._usable()
 
-        async def scan(conn: AConn) -> list[Entry]:
+        async def scan(conn: Conn) -> list[Entry]:
             row = await (await conn.execute(self._q.get_entry, (self._id, leaf_id))).fetchone()
             if row is None:
                 raise UnknownEntryError(f"entry {leaf_id!r} does not exist")
             leaf = entry_from_row(row)
-            index = ReplayIndex(
-                self._q, self._id, load_entries=True, first_page=first_page_for(query)
+            index = _index(
+                conn, self._q, self._id, load_entries=True, first_page=first_page_for(query)
             )
-            # A read-only replay: each run reuses every page fetched before.
+            # Read-only: a replay reuses every page fetched before.
             return await _replay(conn, index, lambda: _scan_branch(index, leaf, query, index.load))
 
         return await _read_consistent(self._store, self._q, scan)
@@ -662,6 +829,7 @@ class AsyncPostgresSession:
         return register_from_row(rows[0]) if rows else None
 
     async def list_registers(self, namespace: str, prefix: str = "") -> list[Register]:
+        """Registers of `namespace` whose key starts with `prefix`, ordered by key."""
         rows = await self._rows(self._q.list_registers, (self._id, namespace, prefix, prefix))
         return [register_from_row(r) for r in rows]
 
@@ -669,9 +837,10 @@ class AsyncPostgresSession:
         return [usage_from_row(r) for r in await self._rows(self._q.usage_rows, (self._id,))]
 
     async def stats(self) -> SessionStats:
-        self._usable()
+        async with self._lock:
+            self._usable()
 
-        async def read(conn: AConn) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
+        async def read(conn: Conn) -> tuple[tuple[Any, ...], tuple[Any, ...] | None]:
             row = await (await conn.execute(self._q.session_row, (self._id,))).fetchone()
             if row is None:
                 raise SessionNotFoundError(f"session {self._id} does not exist")
@@ -689,12 +858,25 @@ class AsyncPostgresSession:
         )
 
     async def snapshot(self) -> SessionSnapshot:
-        self._usable()
+        async with self._lock:
+            self._usable()
         return await self._repo.snapshot(self._id)
 
 
+# --- the repository -------------------------------------------------------------------------
+
+
 class AsyncPostgresSessionRepository:
-    """Asyncio twin of `PostgresSessionRepository` on an open `AsyncPostgresStore`."""
+    """Sessions in the `session_*` tables of an open store's schema.
+
+    `lease_seconds` / `renew_interval` set the writer lease of the handles it
+    opens (30 s / 15 s; `renew_interval=None` disables background renewal).
+    `now_ms`, when given, replaces the database clock for timestamps (tests);
+    lease expiry is always judged by the database clock. `on_lost` is called
+    when a handle finds its lease lost. Imports commit `import_chunk_entries`
+    entries per transaction, hidden until the last; a hidden partial with no
+    progress for `import_stale_after` seconds counts as abandoned.
+    """
 
     def __init__(
         self,
@@ -721,6 +903,7 @@ class AsyncPostgresSessionRepository:
         self.import_chunk_entries = check_chunk_size(import_chunk_entries, "import_chunk_entries")
         self.import_stale_after = check_stale_after(import_stale_after)
         self._q = Sql(store.schema)
+        self._lock = thread_lock()  # handles close themselves from their renewers
         self._open: weakref.WeakSet[AsyncPostgresSession] = weakref.WeakSet()
 
     async def __aenter__(self) -> AsyncPostgresSessionRepository:
@@ -731,18 +914,24 @@ class AsyncPostgresSessionRepository:
 
     async def close(self) -> None:
         """Close every handle this repository opened (the store stays open)."""
-        for handle in list(self._open):
+        with self._lock:
+            handles = list(self._open)
+        for handle in handles:
             await handle.close()
 
     def _forget(self, handle: AsyncPostgresSession) -> None:
-        self._open.discard(handle)
+        with self._lock:
+            self._open.discard(handle)
+
+    # -- opening --
+
+    async def exists(self, session_id: str) -> bool:
+        """True when the session exists (and is not a hidden import)."""
+        check_session_id(session_id)
+        return bool(await self._fetch(self._q.session_exists, (session_id,)))
 
     async def _fetch(self, query: bytes, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         return await _fetch_all(self.store, query, params)
-
-    async def exists(self, session_id: str) -> bool:
-        check_session_id(session_id)
-        return bool(await self._fetch(self._q.session_exists, (session_id,)))
 
     async def _held_error(self, session_id: str, rid: str) -> SessionAlreadyClaimedError:
         lease = (await self.store.get(rid)).lease
@@ -754,16 +943,30 @@ class AsyncPostgresSessionRepository:
         )
 
     async def _claim(self, session_id: str, rid: str, wait: float | None) -> tuple[Claim, float]:
+        """Claim the writer lease for a new handle: (claim, monotonic start of the
+        request that won it). Held by another: `SessionAlreadyClaimedError`, at
+        once or, with `wait`, after waiting that long through the fleet runtime's
+        acquire (woken by the holder's release or expiry, not a poll)."""
         owner = Owner(OWNER_TYPE, new_owner_id())
-        deadline = None if wait is None else time.monotonic() + wait
-        while True:
+        if wait is None:
             started = time.monotonic()
             claim = await self.store.claim(rid, owner, self.lease_seconds)
-            if claim is not None:
-                return claim, started
-            if deadline is None or started >= deadline:
+            if claim is None:
                 raise await self._held_error(session_id, rid)
-            await asyncio.sleep(max(0.0, min(0.05, deadline - time.monotonic())))
+            return claim, started
+        try:
+            return await _acquire_async(
+                self.store,
+                RESOURCE_TYPE,
+                session_id,
+                owner,
+                self.lease_seconds,
+                wait,
+                fair=False,
+                use_watcher=True,
+            )
+        except AcquireTimeoutError:
+            raise await self._held_error(session_id, rid) from None
 
     def _handle(
         self, session_id: str, claim: Claim, started: float, revision: int, next_seq: int
@@ -776,7 +979,8 @@ class AsyncPostgresSessionRepository:
             revision=revision,
             next_seq=next_seq,
         )
-        self._open.add(handle)
+        with self._lock:
+            self._open.add(handle)
         return handle
 
     async def _release_quietly(self, claim: Claim) -> None:
@@ -786,8 +990,14 @@ class AsyncPostgresSessionRepository:
             log.warning("releasing %s failed: %s", claim.resource_id, exc)
 
     async def open(self, session_id: str, *, wait: float | None = None) -> AsyncPostgresSession:
-        """Open an existing session and claim its writer lease (see the sync twin)."""
+        """Open an existing session and claim its writer lease.
+
+        Another live holder -> `SessionAlreadyClaimedError` naming it, or with
+        `wait` seconds, once it has not let go within them (the wait wakes when
+        the holder releases the lease or it expires).
+        """
         check_session_id(session_id)
+        wait = check_timeout(wait, "wait")
         rows = await self._fetch(self._q.session_exists, (session_id,))
         if not rows:
             raise SessionNotFoundError(f"session {session_id} does not exist")
@@ -818,7 +1028,7 @@ class AsyncPostgresSessionRepository:
             "next_seq": plan.next_seq,
         }
 
-        async def apply(conn: AConn) -> None:
+        async def apply(conn: Conn) -> None:
             await write_plan_rows_async(conn, self._q, session_id, plan, created_at)
 
         try:
@@ -837,7 +1047,8 @@ class AsyncPostgresSessionRepository:
     async def create(
         self, id: str | None = None, parent_session_id: str | None = None
     ) -> AsyncPostgresSession:
-        """Create a new empty session and claim its lease."""
+        """Create a new empty session (lane.leaf/main = null at seq 1,
+        lane.state/main idle at seq 2, next_seq 3) and claim its lease."""
         session_id = check_session_id(id) if id is not None else uuid7()
         if parent_session_id is not None and not isinstance(parent_session_id, str):
             raise InvalidSessionWriteError("parent_session_id must be a string or None")
@@ -846,6 +1057,7 @@ class AsyncPostgresSessionRepository:
         )
 
     async def create_from_plan(self, plan: ForkPlan, id: str | None = None) -> AsyncPostgresSession:
+        """Write a fork plan (from any backend's snapshot) as a new session and open it."""
         session_id = check_session_id(id) if id is not None else uuid7()
         return await self._create_from_plan(session_id, plan, "session.forked")
 
@@ -857,7 +1069,12 @@ class AsyncPostgresSessionRepository:
         position: ForkPosition = "at",
         id: str | None = None,
     ) -> AsyncPostgresSession:
-        """Streamed when the pool has two connections (see the sync twin)."""
+        """Copy (part of) a session into a new PostgreSQL session and open it. The
+        source is read in one snapshot without touching its lease.
+
+        Streamed like `import_file` when the pool has two connections (the
+        source's read-only snapshot on one, the new session's chunks on the
+        other); with a one-connection pool, one snapshot and one transaction."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
         if self.store.limits.max_size < 2:
@@ -868,44 +1085,10 @@ class AsyncPostgresSessionRepository:
         try:
             async with self.store.connection() as conn, conn.transaction():
                 await conn.execute(q.read_only)
-                row = await (await conn.execute(q.session_row, (source_id,))).fetchone()
-                if row is None:
-                    raise SessionNotFoundError(f"session {source_id} does not exist")
-                check_version(source_id, int(row[2]))
-                rows = await (await conn.execute(q.all_registers, (source_id,))).fetchall()
-                registers = tuple(register_from_row(r) for r in rows)
-                wanted = resolve_fork_lookups(registers, entry_id)
-                cur = await conn.execute(q.entries_by_ids, (source_id, wanted))
-                found = {r[0]: entry_from_row(r) for r in await cur.fetchall()}
-                shape = resolve_fork(registers, lambda ids: found, scope, entry_id, position)
-                size = self.import_chunk_entries
-                if shape.scope == "branch" and shape.tip is None:
-                    stream = ForkStream((), shape.lanes, registers, source_id, shape.scope)
-                    handle = await self._write_stream(new_id, stream, size, None)
-                    return handle
-                params: tuple[Any, ...]
-                if shape.scope == "tree":
-                    query, params = q.all_entries, (source_id,)
-                else:
-                    assert shape.tip is not None
-                    query, params = q.path_entries, (source_id, shape.tip, source_id, source_id)
-                await conn.execute(q.read_whole_cursor)
-                loop = asyncio.get_running_loop()
-                async with conn.cursor(name="pglease_session_fork") as server_cursor:
-                    await server_cursor.execute(query, params)
-                    # _write_stream pulls its chunks in a worker thread: the
-                    # bridge fetches on this loop, which is free meanwhile.
-                    raw = _bridged(loop, functools.partial(server_cursor.fetchmany, STREAM_FETCH))
-                    entries = (
-                        checked_seq_order(raw)
-                        if shape.scope == "tree"
-                        else checked_path(raw, shape.tip or "")
+                async with _fork_source(conn, q, source_id, scope, entry_id, position) as stream:
+                    handle = await self._write_stream(
+                        new_id, stream, self.import_chunk_entries, None
                     )
-                    stream = ForkStream(entries, shape.lanes, registers, source_id, shape.scope)
-                    try:
-                        handle = await self._write_stream(new_id, stream, size, None)
-                    finally:
-                        stream.close()
         except psycopg.Error as exc:
             if handle is not None:  # the fork is complete; ending the source's snapshot failed
                 return handle
@@ -913,6 +1096,8 @@ class AsyncPostgresSessionRepository:
             raise error from cause_of(error, exc)
         assert handle is not None
         return handle
+
+    # -- across stores --
 
     async def fork_to_file(
         self,
@@ -923,61 +1108,32 @@ class AsyncPostgresSessionRepository:
         position: ForkPosition = "at",
         id: str | None = None,
     ) -> Path:
-        """Streamed, as the sync twin's: the file is written in a worker thread
-        that pulls the rows of a server-side cursor through the event loop."""
+        """Fork a PostgreSQL session into a new `<directory>/<id>.sqlite` file in
+        the session file format (closed, no writer lease); return its path.
+
+        Streamed: entries go from a server-side cursor into the file as they
+        are read (memory does not grow with the session), all in one
+        read-only snapshot of the source; a branch fork reads only the branch."""
         source_id = check_session_id(source_id)
         new_id = check_session_id(id) if id is not None else uuid7()
         target = Path(directory) / (new_id + SUFFIX)
         if target.exists():
             raise SessionExistsError(f"session {new_id} already exists ({target})")
         q = self._q
-        loop = asyncio.get_running_loop()
 
-        async def run(conn: AConn) -> Path:
-            row = await (await conn.execute(q.session_row, (source_id,))).fetchone()
-            if row is None:
-                raise SessionNotFoundError(f"session {source_id} does not exist")
-            check_version(source_id, int(row[2]))
-            rows = await (await conn.execute(q.all_registers, (source_id,))).fetchall()
-            registers = tuple(register_from_row(r) for r in rows)
-            wanted = resolve_fork_lookups(registers, entry_id)
-            found_rows = await (
-                await conn.execute(q.entries_by_ids, (source_id, wanted))
-            ).fetchall()
-            found = {r[0]: entry_from_row(r) for r in found_rows}
-            shape = resolve_fork(registers, lambda ids: found, scope, entry_id, position)
-            # Only now, with the source read and the fork valid: a missing
-            # directory is created on demand; a refused fork leaves none.
-            files = await asyncio.to_thread(SessionRepository, directory, renew_interval=None)
-            if shape.scope == "branch" and shape.tip is None:
-                stream = ForkStream((), shape.lanes, registers, source_id, shape.scope)
-                return await asyncio.to_thread(files.write_stream, stream, new_id)
-            params: tuple[Any, ...]
-            if shape.scope == "tree":
-                query, params = q.all_entries, (source_id,)
-            else:
-                assert shape.tip is not None
-                query, params = q.path_entries, (source_id, shape.tip, source_id, source_id)
-            await conn.execute(q.read_whole_cursor)
-            async with conn.cursor(name="pglease_session_fork") as cur:
-                await cur.execute(query, params)
-                raw = _bridged(loop, functools.partial(cur.fetchmany, STREAM_FETCH))
-                entries = (
-                    checked_seq_order(raw)
-                    if shape.scope == "tree"
-                    else checked_path(raw, shape.tip or "")
-                )
-                stream = ForkStream(entries, shape.lanes, registers, source_id, shape.scope)
-                try:
-                    return await asyncio.to_thread(files.write_stream, stream, new_id)
-                finally:
-                    stream.close()
+        async def run(conn: Conn) -> Path:
+            async with _fork_source(conn, q, source_id, scope, entry_id, position) as stream:
+                # Only now, with the source read and the fork valid: a missing
+                # directory is created on demand; a refused fork leaves none.
+                files = await to_thread(SessionRepository, directory, renew_interval=None)
+                return await to_thread(files.write_stream, stream, new_id)
 
         return await _read_consistent(self.store, q, run)
 
     async def export_to_file(
         self, source_id: str, directory: str | os.PathLike[str], id: str | None = None
     ) -> Path:
+        """A tree fork into a file: every entry and lane."""
         return await self.fork_to_file(source_id, directory, "tree", id=id)
 
     async def import_file(
@@ -988,8 +1144,16 @@ class AsyncPostgresSessionRepository:
         chunk_entries: int | None = None,
         on_progress: Callable[[int], None] | None = None,
     ) -> AsyncPostgresSession:
-        """Streamed and chunked, as the sync twin's (the file is read in a
-        worker thread, one chunk at a time)."""
+        """Import a session file as a new PostgreSQL session whose parent is the
+        file's session (a tree fork: entries and lanes kept, usage not copied).
+
+        Streamed and chunked: `chunk_entries` entries per transaction (default
+        `import_chunk_entries`), the session hidden from listings, opens and
+        reads until the last, short, transaction shows it (with its
+        `session.forked` event). `on_progress(entries_written)` runs after each
+        chunk. A failed import removes what it wrote; one killed midway leaves a
+        hidden partial that `list()` reports and that the next import of the
+        same id or `cleanup_imports()` removes once it is stale."""
         file_path = Path(path)
         if file_path.suffix != ".sqlite":
             raise InvalidSessionWriteError(f"{file_path} is not a .sqlite session file")
@@ -1000,10 +1164,11 @@ class AsyncPostgresSessionRepository:
         )
         if not file_path.is_file():
             raise SessionNotFoundError(f"session file {file_path} does not exist")
+        # The file is read where blocking is fine (`to_thread`), a chunk at a time.
         opened = file_fork_source(file_path)
-        source = await asyncio.to_thread(opened.__enter__)
+        source = await to_thread(opened.__enter__)
         try:
-            shape = await asyncio.to_thread(resolve_fork, source.registers, source.lookup, "tree")
+            shape = await to_thread(resolve_fork, source.registers, source.lookup, "tree")
             stream = ForkStream(
                 checked_seq_order(source.entries()), shape.lanes, source.registers, file_id,
                 shape.scope,
@@ -1011,19 +1176,28 @@ class AsyncPostgresSessionRepository:
             try:
                 return await self._write_stream(session_id, stream, size, on_progress)
             finally:
-                await asyncio.to_thread(stream.close)
+                await to_thread(stream.close)
         finally:
-            await asyncio.to_thread(opened.__exit__, None, None, None)
+            await to_thread(opened.__exit__, None, None, None)
 
-    # -- chunked imports (see the sync twin) --
+    # -- chunked imports --
 
-    async def _in_transaction(self, fn: Callable[[AConn], Awaitable[T]]) -> T:
-        conn: AConn | None = None
+    async def _in_transaction(
+        self, fn: Callable[[Conn], Awaitable[T]], transaction: bool = True
+    ) -> T:
+        """One short write transaction of an import or a purge (`transaction=False`:
+        `fn` on the autocommit connection, each statement its own transaction)."""
+        conn: Conn | None = None
         try:
-            async with self.store.connection() as conn, conn.transaction():
-                return await fn(conn)
+            async with self.store.connection() as conn:
+                if not transaction:
+                    return await fn(conn)
+                async with conn.transaction():
+                    if (limits := pooler_limits(self.store)) is not None:
+                        await conn.execute(limits)  # no session SET bounds it behind a pooler
+                    return await fn(conn)
         except psycopg.Error as exc:
-            error = (
+            error = import_refusal(exc) or (
                 translate_unique(exc)
                 if isinstance(exc, psycopg.errors.UniqueViolation)
                 else driver_error(self.store, exc, conn is not None and conn.broken)
@@ -1033,9 +1207,12 @@ class AsyncPostgresSessionRepository:
     async def _begin_import(
         self, session_id: str, rid: str, token: str, parent: str | None
     ) -> None:
+        """Insert the hidden session row; an existing visible one is
+        `SessionExistsError`, a live import `SessionBusyError`, a stale partial
+        is removed first."""
         params = (session_id, rid, parent, STORAGE_VERSION, EMPTY_USAGE_JSON, token)
 
-        async def insert(conn: AConn) -> int:
+        async def insert(conn: Conn) -> int:
             return (await conn.execute(self._q.begin_import, params)).rowcount
 
         for _ in range(3):
@@ -1043,7 +1220,7 @@ class AsyncPostgresSessionRepository:
                 return
             rows = await self._fetch(self._q.import_state, (session_id,))
             if not rows:
-                continue
+                continue  # deleted meanwhile: try again
             hidden, age = rows[0]
             if not hidden:
                 raise SessionExistsError(f"session {session_id} already exists")
@@ -1066,7 +1243,13 @@ class AsyncPostgresSessionRepository:
         size: int = PURGE_CHUNK,
         on_progress: Callable[[int], None] | None = None,
     ) -> bool:
-        async def purge_some(conn: AConn) -> int:
+        """Delete a hidden import's (or deleted session's) rows in short
+        transactions of up to `size` rows (fewer while they run past
+        `CHUNK_TARGET`), each checking the token (a purge never
+        touches a session that became visible); `on_progress(rows_removed)`
+        after each. False when another cleanup took the partial over."""
+
+        async def purge_some(conn: Conn) -> int:
             touched = await conn.execute(self._q.touch_import, (session_id, token))
             if not await touched.fetchall():
                 return -1
@@ -1074,7 +1257,7 @@ class AsyncPostgresSessionRepository:
                 deleted = (await conn.execute(query, (session_id, sizer.size))).rowcount
                 if deleted:
                     return deleted
-            await conn.execute(self._q.drop_import, (session_id, token))
+            await conn.execute(self._q.drop_import, (session_id, token))  # the row is locked: ours
             return 0
 
         removed = 0
@@ -1090,9 +1273,10 @@ class AsyncPostgresSessionRepository:
                 on_progress(removed)
 
     async def _take_and_purge(self, session_id: str, stale_after: float) -> bool:
+        """Take over a stale partial import (a new token) and remove it."""
         token = uuid7()
 
-        async def take(conn: AConn) -> list[tuple[Any, ...]]:
+        async def take(conn: Conn) -> list[tuple[Any, ...]]:
             cur = await conn.execute(self._q.take_import, (token, session_id, stale_after))
             return await cur.fetchall()
 
@@ -1103,11 +1287,13 @@ class AsyncPostgresSessionRepository:
     async def _discard_import(self, session_id: str, token: str) -> None:
         try:
             await self._purge_import(session_id, token)
-        except PgleaseError as exc:
+        except PgleaseError as exc:  # the partial stays hidden; it goes once stale
             log.warning("session %s: removing a failed import failed: %s", session_id, exc)
 
     async def cleanup_imports(self, stale_after: float | None = None) -> list[str]:
-        """Remove stale hidden partial imports; return their ids (see the sync twin)."""
+        """Remove hidden partial imports with no progress for `stale_after`
+        seconds (default `import_stale_after`), in short transactions; return
+        their ids."""
         limit = self.import_stale_after if stale_after is None else check_stale_after(stale_after)
         removed = []
         for sid, _age in await self._fetch(self._q.stale_imports, (limit, None, None)):
@@ -1130,22 +1316,31 @@ class AsyncPostgresSessionRepository:
         size: int,
         on_progress: Callable[[int], None] | None,
     ) -> AsyncPostgresSession:
+        """A streamed fork as a new session: hidden row, entry chunks, register
+        chunks, then one fenced mutation that shows it and claims its lease."""
         q = self._q
         rid = await self.store.ensure_resource(RESOURCE_TYPE, session_id)
         token = uuid7()
         await self._begin_import(session_id, rid, token, stream.parent_session_id)
         try:
             written = messages = last_seq = 0
+            limits = pooler_limits(self.store)
             sizer = ChunkSizer(size)
             parts = sized_chunks(stream.entries, sizer)
-            while (part := await asyncio.to_thread(next, parts, None)) is not None:
-                began = time.monotonic()
-                await self._in_transaction(
+            # The entries may come from a blocking reader (a file, `_fork_source`).
+            while (part := await to_thread(next, parts, None)) is not None:
+                seconds = await self._in_transaction(
                     functools.partial(
-                        _write_chunk, q=q, session_id=session_id, token=token, entries=part
-                    )
+                        _write_chunk,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        entries=part,
+                        limits=limits,
+                    ),
+                    transaction=False,
                 )
-                sizer.record(time.monotonic() - began)
+                sizer.record(seconds)
                 written += len(part)
                 messages += sum(1 for e in part if e.type == "message")
                 last_seq = max(last_seq, part[-1].seq)
@@ -1156,9 +1351,17 @@ class AsyncPostgresSessionRepository:
             for regs in chunks(registers, size):
                 await self._in_transaction(
                     functools.partial(
-                        _write_registers, q=q, session_id=session_id, token=token, registers=regs
-                    )
+                        _write_registers,
+                        q=q,
+                        session_id=session_id,
+                        token=token,
+                        registers=regs,
+                        limits=limits,
+                    ),
+                    transaction=False,
                 )
+            # A create() of this id racing the import claims and releases the lease
+            # in one breath: wait for it rather than throw the import away.
             claim, started = await self._claim(session_id, rid, IMPORT_CLAIM_WAIT)
             created_at = None if self.now_ms is None else self.now_ms()
             payload = {
@@ -1168,7 +1371,7 @@ class AsyncPostgresSessionRepository:
                 "next_seq": next_seq,
             }
 
-            async def apply(conn: AConn) -> None:
+            async def apply(conn: Conn) -> None:
                 finish = (created_at, messages, next_seq, session_id, token)
                 if (await conn.execute(q.finish_import, finish)).rowcount != 1:
                     raise import_gone(session_id)
@@ -1189,10 +1392,14 @@ class AsyncPostgresSessionRepository:
             raise
         return self._handle(session_id, claim, started, result.revision, next_seq)
 
+    # -- reading without the lease --
+
     async def snapshot(self, session_id: str) -> SessionSnapshot:
+        """Entries (seq order) and registers in one consistent read, without
+        touching the writer lease."""
         check_session_id(session_id)
 
-        async def read(conn: AConn) -> SessionSnapshot:
+        async def read(conn: Conn) -> SessionSnapshot:
             return await _read_snapshot(conn, self._q, session_id)
 
         return await _read_consistent(self.store, self._q, read)
@@ -1239,9 +1446,12 @@ class AsyncPostgresSessionRepository:
         return listing
 
     async def list(self) -> SessionListing:
+        """Every session, newest `created_at` first; `lease` is the live writer
+        lease, if any (owner id, generation, expiry in ms)."""
         return await self._infos(None)
 
     async def info(self, session_id: str) -> SessionInfo:
+        """One session as `list()` reports it."""
         check_session_id(session_id)
         listing = await self._infos(session_id)
         if listing.problems:
@@ -1257,7 +1467,17 @@ class AsyncPostgresSessionRepository:
         chunk_rows: int | None = None,
         on_progress: Callable[[int], None] | None = None,
     ) -> None:
-        """Delete a session, its rows in short transactions (see the sync twin)."""
+        """Delete a session and all its rows. Refused while a writer lease is live
+        (checked in the fenced transaction that hides the session).
+
+        Chunked, so no transaction grows with the session: that transaction
+        (with the `session.deleted` event) hides the session at once, as an
+        import's token does; its rows then go in transactions of at most
+        `chunk_rows` rows (default 5,000; fewer while a chunk runs past
+        `CHUNK_TARGET`). `on_progress(rows_removed)` runs after each. A
+        delete that stops midway (killed, connection lost) leaves a hidden
+        remainder, reported by `list()` once stale and removed by
+        `cleanup_imports()` or the next import of the id."""
         check_session_id(session_id)
         size = check_chunk_size(PURGE_CHUNK if chunk_rows is None else chunk_rows, "chunk_rows")
         if not await self.exists(session_id):
@@ -1265,7 +1485,7 @@ class AsyncPostgresSessionRepository:
         rid = resource_id(RESOURCE_TYPE, session_id)
         token = uuid7()
 
-        async def hide(conn: AConn) -> None:
+        async def hide(conn: Conn) -> None:
             cur = await conn.execute(self._q.hide_session, (token, session_id))
             if not await cur.fetchall():
                 raise SessionNotFoundError(f"session {session_id} does not exist")
@@ -1291,4 +1511,13 @@ class AsyncPostgresSessionRepository:
             raise delete_interrupted(session_id, exc) from exc
 
 
-__all__ = ["AsyncPostgresSession", "AsyncPostgresSessionRepository", "write_plan_rows_async"]
+# The sync lines give the twin its own names, in the order ruff sorts them.
+__all__ = [
+    "OWNER_TYPE",
+    "RESOURCE_TYPE",
+    "AsyncPostgresSession",  # sync: "PgBranchIndex",
+    "AsyncPostgresSessionRepository",  # sync: "PostgresSession",
+    # sync: "PostgresSessionRepository",
+    "new_session_plan",
+    "write_plan_rows_async",  # sync: "write_plan_rows",
+]

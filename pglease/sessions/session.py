@@ -242,7 +242,7 @@ class Session:
 
     def usage(self) -> dict[str, Any]:
         """The session's usage totals: the sum of its usage ledger."""
-        return (self._handle.stats()).usage
+        return self._handle.stats().usage
 
     def branch_usage(self, lane: str = MAIN_LANE) -> dict[str, Any]:
         """The usage the lane's branch carries, summed: each message's

@@ -30,6 +30,7 @@ AsyncApply = Callable[[sqlite3.Connection], Awaitable[T]]
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
     from ..clock import Clock
+    from ..fleet import AsyncElection, AsyncHeldLease
     from .watch import AsyncSqliteWatcher
 
 
@@ -211,7 +212,7 @@ class AsyncSqliteStore:
 
     def hold(
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
-    ) -> AbstractAsyncContextManager[Any]:
+    ) -> AbstractAsyncContextManager[AsyncHeldLease]:
         """Hold a lease for a block, renewed by the loop's keeper task: ``async with
         store.hold(type, key, owner, ttl) as lease:``; see `pglease.fleet.hold_async`."""
         return runtime().hold_async(self, resource_type, key, owner, ttl, **options)
@@ -230,10 +231,11 @@ class AsyncSqliteStore:
             self, resource_type, key, owner, ttl, timeout, **options
         )
 
-    async def elect(self, name: str, candidate: Owner, **options: Any) -> Any:
+    async def elect(self, name: str, candidate: Owner, **options: Any) -> AsyncElection:
         """Campaign for leadership of `name` (a running `pglease.fleet.AsyncElection`);
         see `pglease.fleet.elect_async`."""
-        return await runtime().elect_async(self, name, candidate, **options)
+        election: AsyncElection = await runtime().elect_async(self, name, candidate, **options)
+        return election
 
     async def leader(self, name: str) -> Leader | None:
         """The current leader of election `name` and its generation, if any."""

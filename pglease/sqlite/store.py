@@ -90,6 +90,7 @@ def _parse_event(row: Sequence[Any]) -> Event:
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
     from ..clock import Clock
+    from ..fleet import Election, HeldLease
     from .runtime import SqliteRuntime
     from .watch import SqliteWatcher
 
@@ -581,7 +582,7 @@ class SqliteStore:
 
     def hold(
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
-    ) -> AbstractContextManager[Any]:
+    ) -> AbstractContextManager[HeldLease]:
         """Hold a lease for a block, renewed by the store's keeper thread: ``with
         store.hold(type, key, owner, ttl) as lease:``; see `pglease.fleet.hold`."""
         return runtime().hold(self, resource_type, key, owner, ttl, **options)
@@ -599,10 +600,11 @@ class SqliteStore:
         processes); see `pglease.fleet.acquire`."""
         return runtime().acquire(self, resource_type, key, owner, ttl, timeout, **options)
 
-    def elect(self, name: str, candidate: Owner, **options: Any) -> Any:
+    def elect(self, name: str, candidate: Owner, **options: Any) -> Election:
         """Campaign for leadership of `name` (a running `pglease.fleet.Election`);
         see `pglease.fleet.elect`."""
-        return runtime().elect(self, name, candidate, **options)
+        election: Election = runtime().elect(self, name, candidate, **options)
+        return election
 
     def leader(self, name: str) -> Leader | None:
         """The current leader of election `name` and its generation, if any."""

@@ -143,12 +143,17 @@ Retention
     of the same order, never one with a hole.
 """
 
+from ..driver.runtime_api import WatchEntryPoints, provide_watch
 from ..errors import CursorExpiredError, WatchClosedError, WatchError, WatchFailedError
 from ._core import DEFAULT_RETRY_WINDOW, WatchHealth
 from .hub import HubTuning
 from .prune import parse_duration, prune, prune_async
 from .reaper import Reaper, reap_once, reap_once_async, run_reaper_async
 from .watcher import AsyncWatcher, Watcher, watch, watch_async
+
+# The stores' watch() reaches the watchers through this registration, never by
+# importing this package (they sit below it).
+provide_watch(WatchEntryPoints(watch=watch, watch_async=watch_async))
 
 __all__ = [
     "DEFAULT_RETRY_WINDOW",

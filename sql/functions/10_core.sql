@@ -204,27 +204,31 @@ SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_prev xid8;
-    v_marked boolean;
 BEGIN
-    UPDATE @schema@.resources SET revision = revision + 1, updated_at = p_now
-        WHERE id = p_resource RETURNING resources.revision INTO _bump.revision;
-    INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
-                                 lease_generation, lease_expires_at, payload_sha256, created_at)
-        VALUES (p_resource, _bump.revision, p_type, p_actor_type, p_actor_id,
-                p_generation, p_expires_at, p_payload_sha256, p_now)
-        RETURNING events.id INTO _bump.event_id;
-    IF _bump.revision > 1 THEN
-        SELECT e.xid INTO v_prev FROM @schema@.events e
-            WHERE e.resource_id = p_resource AND e.revision = _bump.revision - 1;
-        IF v_prev > pg_current_xact_id() THEN
-            RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
-                _bump.revision, p_resource, _bump.revision - 1
-                USING ERRCODE = '40001',
-                      HINT = 'lock the lease row before the transaction writes anything else';
-        END IF;
+    -- One statement: the bump, the append, and the previous revision's xid
+    -- for the order guard (each statement of a PL/pgSQL body costs an
+    -- executor start and a snapshot; see bench/RESULTS.md, server cost).
+    WITH r AS (
+        UPDATE @schema@.resources SET revision = revision + 1, updated_at = p_now
+         WHERE id = p_resource RETURNING resources.revision),
+    e AS (
+        INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                     lease_generation, lease_expires_at, payload_sha256,
+                                     created_at)
+        SELECT p_resource, r.revision, p_type, p_actor_type, p_actor_id,
+               p_generation, p_expires_at, p_payload_sha256, p_now FROM r
+        RETURNING events.id)
+    SELECT r.revision, e.id,
+           (SELECT x.xid FROM @schema@.events x
+             WHERE x.resource_id = p_resource AND x.revision = r.revision - 1)
+      INTO _bump.revision, _bump.event_id, v_prev FROM r, e;
+    IF v_prev > pg_current_xact_id() THEN
+        RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
+            _bump.revision, p_resource, _bump.revision - 1
+            USING ERRCODE = '40001',
+                  HINT = 'lock the lease row before the transaction writes anything else';
     END IF;
-    v_marked := pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'), hashtext('@schema@'));
-    IF NOT v_marked
+    IF NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'), hashtext('@schema@'))
        OR pg_try_advisory_xact_lock(hashtext('pglease.notify'), hashtext('@schema@')) THEN
         PERFORM pg_notify(left('pglease_@schema@', 63), '');
     END IF;
@@ -245,26 +249,40 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     l @schema@.leases%ROWTYPE;
     v_now timestamptz;
+    v_prev xid8;
 BEGIN
-    PERFORM @schema@._check_resource_id(p_resource);
-    PERFORM @schema@._check_owner('owner', p_owner_type, p_owner_id);
-    PERFORM @schema@._check_ttl('ttl', p_ttl);
-    IF p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32 THEN
-        RAISE EXCEPTION 'lease token hash must be the 32-byte sha256 of the token'
-            USING ERRCODE = 'PGL14';
+    -- The argument checks in one expression; only when it fails do the
+    -- checking functions run, to raise the first error as they word it. (A
+    -- call of a function with a SET clause costs about as much as a
+    -- statement, and valid calls are nearly all calls.)
+    IF p_resource IS NULL OR p_resource !~ '^[a-z][a-z0-9_]{0,62}-[0-9a-f]{40}$'
+       OR p_owner_type IS NULL OR p_owner_type !~ '^[a-z][a-z0-9_]{0,62}$'
+       OR p_owner_id IS NULL OR p_owner_id = '' OR octet_length(p_owner_id) > 256
+       OR p_ttl IS NULL OR NOT (p_ttl BETWEEN 0.001 AND 604800)
+       OR p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32
+       OR p_expected_revision < 0 THEN
+        PERFORM @schema@._check_resource_id(p_resource);
+        PERFORM @schema@._check_owner('owner', p_owner_type, p_owner_id);
+        PERFORM @schema@._check_ttl('ttl', p_ttl);
+        IF p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32 THEN
+            RAISE EXCEPTION 'lease token hash must be the 32-byte sha256 of the token'
+                USING ERRCODE = 'PGL14';
+        END IF;
+        IF p_expected_revision < 0 THEN
+            RAISE EXCEPTION 'expected revision must be >= 0, got %', p_expected_revision
+                USING ERRCODE = 'PGL15';
+        END IF;
+        RAISE EXCEPTION 'invalid claim arguments' USING ERRCODE = 'PGL20';
     END IF;
-    IF p_expected_revision < 0 THEN
-        RAISE EXCEPTION 'expected revision must be >= 0, got %', p_expected_revision
-            USING ERRCODE = 'PGL15';
-    END IF;
-    -- A claim of a lease that is live in the committed state is refused
-    -- without a lock: the refusal changes nothing, so it needs no row lock,
-    -- no transaction id and no WAL flush at commit (a locked refusal cost all
-    -- three, and on a hot key refusals are most calls). One statement reads
-    -- the lease and the revision from one snapshot. Granting always takes the
-    -- locks below and judges again. With an expected revision the locked
-    -- path runs, so a stale revision is reported as before.
     IF p_expected_revision IS NULL THEN
+        -- A claim of a lease that is live in the committed state is refused
+        -- without a lock: the refusal changes nothing, so it needs no row
+        -- lock, no transaction id and no WAL flush at commit (a locked refusal
+        -- cost all three, and on a hot key refusals are most calls). One
+        -- statement reads the lease and the revision from one snapshot.
+        -- Granting always takes the locks below and judges again. With an
+        -- expected revision the locked path runs, so a stale revision is
+        -- reported as before.
         v_now := CASE WHEN p_now IS NULL THEN clock_timestamp()
                       ELSE @schema@._clock_now(p_now) END;
         SELECT false, l2.generation, l2.expires_at, r.revision, l2.owner_type, l2.owner_id
@@ -273,6 +291,50 @@ BEGIN
          WHERE l2.resource_id = p_resource
            AND l2.owner_id IS NOT NULL AND l2.expires_at > v_now;
         IF FOUND THEN
+            RETURN;
+        END IF;
+        -- The common grant in one UPDATE: a free lease, or an expired one
+        -- whose expiry is recorded already, so there is no `lease.expired`
+        -- to write and nothing of the old holder to read. The queue lock
+        -- first (see _lock_lease); the UPDATE takes the row lock, and if it
+        -- had to wait for one (a heartbeat's) it judges the newest row again.
+        -- Anything else (unknown, taken meanwhile, an unrecorded expiry)
+        -- goes the locked way below.
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_resource, hashtext('@schema@')));
+        v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE v_now END;
+        UPDATE @schema@.leases x SET generation = x.generation + 1, owner_type = p_owner_type,
+            owner_id = p_owner_id, token_sha256 = p_token_sha256, acquired_at = v_now,
+            heartbeat_at = v_now, expires_at = v_now + make_interval(secs => p_ttl)
+         WHERE x.resource_id = p_resource
+           AND (x.owner_id IS NULL
+                OR (x.expires_at <= v_now AND x.expired_generation IS NOT DISTINCT FROM x.generation))
+        RETURNING x.generation, x.expires_at INTO generation, expires_at;
+        IF FOUND THEN
+            claimed := true;
+            holder_type := p_owner_type;
+            holder_id := p_owner_id;
+            WITH r AS (
+                UPDATE @schema@.resources SET revision = revision + 1, updated_at = v_now
+                 WHERE id = p_resource RETURNING resources.revision),
+            e AS (
+                INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                             lease_generation, lease_expires_at, created_at)
+                SELECT p_resource, r.revision, 'lease.claimed', p_owner_type, p_owner_id,
+                       claim.generation, claim.expires_at, v_now FROM r)
+            SELECT r.revision,
+                   (SELECT x.xid FROM @schema@.events x
+                     WHERE x.resource_id = p_resource AND x.revision = r.revision - 1)
+              INTO revision, v_prev FROM r;
+            IF v_prev > pg_current_xact_id() THEN
+                RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
+                    revision, p_resource, revision - 1
+                    USING ERRCODE = '40001',
+                          HINT = 'lock the lease row before the transaction writes anything else';
+            END IF;
+            IF NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'), hashtext('@schema@'))
+               OR pg_try_advisory_xact_lock(hashtext('pglease.notify'), hashtext('@schema@')) THEN
+                PERFORM pg_notify(left('pglease_@schema@', 63), '');
+            END IF;
             RETURN;
         END IF;
     END IF;
@@ -342,20 +404,73 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    l @schema@.leases%ROWTYPE;
     v_now timestamptz;
+    v_generation bigint;
+    v_rev bigint;
+    v_prev xid8;
 BEGIN
-    PERFORM @schema@._check_lease_args(p_resource, p_owner_type, p_owner_id, p_generation,
-                                       p_token_sha256, p_expected_revision);
-    l := @schema@._lock_lease(p_resource);
-    PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation, p_token_sha256);
-    PERFORM @schema@._check_revision(p_resource, p_expected_revision);
+    -- The checks of _check_lease_args in one expression (as in claim).
+    IF p_resource IS NULL OR p_resource !~ '^[a-z][a-z0-9_]{0,62}-[0-9a-f]{40}$'
+       OR p_owner_type IS NULL OR p_owner_type !~ '^[a-z][a-z0-9_]{0,62}$'
+       OR p_owner_id IS NULL OR p_owner_id = '' OR octet_length(p_owner_id) > 256
+       OR p_generation IS NULL OR p_generation < 0
+       OR p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32
+       OR p_expected_revision < 0 THEN
+        PERFORM @schema@._check_lease_args(p_resource, p_owner_type, p_owner_id, p_generation,
+                                           p_token_sha256, p_expected_revision);
+        RAISE EXCEPTION 'invalid release arguments' USING ERRCODE = 'PGL20';
+    END IF;
+    -- The queue lock, then one UPDATE that is both the currency check and
+    -- the release: it takes the row lock itself (re-judging the newest row
+    -- if it waited), so no separate SELECT ... FOR UPDATE is needed.
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_resource, hashtext('@schema@')));
     v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
-    UPDATE @schema@.leases SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL,
+    UPDATE @schema@.leases x SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL,
         expires_at = NULL, heartbeat_at = v_now
-        WHERE resource_id = p_resource;
-    SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.released',
-        p_owner_type, p_owner_id, p_generation, NULL, NULL) b;
+     WHERE x.resource_id = p_resource AND x.owner_type = p_owner_type
+       AND x.owner_id = p_owner_id AND x.generation = p_generation
+       AND x.token_sha256 = p_token_sha256;
+    IF NOT FOUND THEN
+        SELECT x.generation INTO v_generation FROM @schema@.leases x
+         WHERE x.resource_id = p_resource;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'unknown resource %', p_resource USING ERRCODE = 'PGL01';
+        END IF;
+        RAISE EXCEPTION 'lease generation % of %:% on % is no longer current (current generation %)',
+            p_generation, p_owner_type, p_owner_id, p_resource, v_generation
+            USING ERRCODE = 'PGL03';
+    END IF;
+    IF p_expected_revision IS NOT NULL THEN
+        -- Under the queue lock and the row lock no one else bumps the revision.
+        SELECT r.revision INTO v_rev FROM @schema@.resources r WHERE r.id = p_resource;
+        IF v_rev <> p_expected_revision THEN
+            RAISE EXCEPTION 'resource % is at revision %, expected %',
+                p_resource, v_rev, p_expected_revision
+                USING ERRCODE = 'PGL02', DETAIL = v_rev::text;
+        END IF;
+    END IF;
+    WITH r AS (
+        UPDATE @schema@.resources SET revision = revision + 1, updated_at = v_now
+         WHERE id = p_resource RETURNING resources.revision),
+    e AS (
+        INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                     lease_generation, lease_expires_at, created_at)
+        SELECT p_resource, r.revision, 'lease.released', p_owner_type, p_owner_id,
+               p_generation, NULL::timestamptz, v_now FROM r)
+    SELECT r.revision,
+           (SELECT x.xid FROM @schema@.events x
+             WHERE x.resource_id = p_resource AND x.revision = r.revision - 1)
+      INTO revision, v_prev FROM r;
+    IF v_prev > pg_current_xact_id() THEN
+        RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
+            revision, p_resource, revision - 1
+            USING ERRCODE = '40001',
+                  HINT = 'lock the lease row before the transaction writes anything else';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'), hashtext('@schema@'))
+       OR pg_try_advisory_xact_lock(hashtext('pglease.notify'), hashtext('@schema@')) THEN
+        PERFORM pg_notify(left('pglease_@schema@', 63), '');
+    END IF;
 END $$;
 
 -- Fence at commit (trigger events_fence_at_commit, sql/0011): the lease of a
