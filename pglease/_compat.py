@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -31,6 +32,11 @@ def to_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` off the event loop (a blocking call, say SQLite);
     a direct call in the twin."""
     return fn(*args, **kwargs)
+
+
+def sleep(seconds: float) -> None:
+    """Pause this task (the twin: this thread) for `seconds` real seconds."""
+    time.sleep(seconds)
 
 
 def fetched_in_thread(

@@ -13,6 +13,8 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+# sync: import time
+
 T = TypeVar("T")
 
 # One task at a time runs between two awaits, so only the twin's threads need
@@ -30,6 +32,11 @@ async def to_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """`fn(*args, **kwargs)` off the event loop (a blocking call, say SQLite);
     a direct call in the twin."""
     return await asyncio.to_thread(fn, *args, **kwargs)  # sync: return fn(*args, **kwargs)
+
+
+async def sleep(seconds: float) -> None:
+    """Pause this task (the twin: this thread) for `seconds` real seconds."""
+    await asyncio.sleep(seconds)  # sync: time.sleep(seconds)
 
 
 def fetched_in_thread(

@@ -223,6 +223,17 @@ def test_fair_waiters_served_in_arrival_order(pg_dsn: str, schema: str) -> None:
 # --------------------------------------------------------------------------- election
 
 
+def test_election_start_twice_is_one_campaign(pg_dsn: str, schema: str) -> None:
+    with PostgresStore(pg_dsn, schema=schema) as store:
+        e = elect(store, "twice", A, ttl=6.0)
+        try:
+            assert e.start() is e  # running already: no second thread, no error
+            assert e.wait_elected(20)
+        finally:
+            e.stop()
+        assert leader(store, "twice") is None
+
+
 def test_election_hand_over_and_query(pg_dsn: str, schema: str) -> None:
     log: list[str] = []
     with PostgresStore(pg_dsn, schema=schema) as s1, PostgresStore(pg_dsn, schema=schema) as s2:

@@ -185,3 +185,42 @@ async def test_async_election(astore: Any) -> None:
     await e2.stop()
     assert await leader_async(astore, "sched") is None
     assert log == ["a+1", "a-1", "b+2", "b-2"]
+
+
+@pytest.mark.parametrize("fair", [False, True])
+async def test_acquire_async_ends_when_its_stop_event_is_set(astore: Any, fair: bool) -> None:
+    # The stop flag elections campaign with: the wait ends with
+    # AcquireTimeoutError, leaving no queue entry and the holder untouched.
+    from pglease.fleet.acquire import _acquire_async
+
+    async with hold_async(astore, "run", "stopped", A, 30) as lease:
+        before = await astore.get(lease.resource_id)
+        stop = asyncio.Event()
+        waiter = asyncio.ensure_future(
+            _acquire_async(astore, "run", "stopped", B, 5, None, fair, True, stop=stop)
+        )
+        await asyncio.sleep(0.3)
+        assert not waiter.done()
+        stop.set()
+        with pytest.raises(AcquireTimeoutError, match="acquire stopped"):
+            await asyncio.wait_for(waiter, 30)
+        assert queued(astore) == 0
+        after = await astore.get(lease.resource_id)
+        assert after.revision == before.revision and after.lease.owner == A
+
+
+async def test_async_election_start_is_idempotent_and_stop_ends_a_campaign(
+    astore: Any,
+) -> None:
+    e = await elect_async(astore, "twice", A, ttl=6.0)
+    assert await e.start() is e  # a second start starts no second campaign
+    assert await e.wait_elected(20)
+    e2 = await elect_async(astore, "twice", B, ttl=6.0, fair=True)
+    await asyncio.sleep(0.3)
+    assert not e2.is_leader
+    await e2.stop(timeout=20)  # still campaigning: the wait ends, its queue entry goes
+    assert queued(astore) == 0
+    now = await leader_async(astore, "twice")
+    assert e.is_leader and now is not None and now.owner == A
+    await e.stop()
+    assert await leader_async(astore, "twice") is None

@@ -24,6 +24,8 @@ ERROR_RETRY = 0.05
 MIN_BEAT_LIMIT = 0.05
 
 TRUST_CLOSED = "the local trust window closed without a successful renewal"
+#: Why a held lease is lost when this host claims a newer generation of its resource.
+SUPERSEDED = "a newer generation of the same resource was claimed on this host"
 _STATUS_REASON = {
     "lost": "the database no longer has it (released, taken over, or another token)",
     "expired": "its ttl ran out in the database before a heartbeat reached it",

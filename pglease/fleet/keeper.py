@@ -65,7 +65,7 @@ from ..driver import (
 )
 from ..errors import LeaseLostError, PgleaseError
 from ..types import Claim
-from ._keeper_core import TRUST_CLOSED, KeeperCore, KeeperStats
+from ._keeper_core import SUPERSEDED, TRUST_CLOSED, KeeperCore, KeeperStats
 from ._timing import Timing, real_wait
 from .lease import AsyncHeldLease, HeldLease
 
@@ -186,10 +186,7 @@ class Keeper:
             old = self._core.add(lease)
             self._cond.notify_all()
         if old is not None:
-            old._lose(
-                "a newer generation of the same resource was claimed on this host",
-                cause="superseded",
-            )
+            old._lose(SUPERSEDED, cause="superseded")
         return lease
 
     def remove(self, lease: HeldLease) -> None:
@@ -367,10 +364,7 @@ class AsyncKeeper:
         lease.on_lost(lambda _e: self._changed.set())
         self._changed.set()
         if old is not None:
-            old._lose(
-                "a newer generation of the same resource was claimed on this host",
-                cause="superseded",
-            )
+            old._lose(SUPERSEDED, cause="superseded")
         return lease
 
     def remove(self, lease: AsyncHeldLease) -> None:

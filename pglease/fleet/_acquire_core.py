@@ -1,0 +1,183 @@
+"""The sans-I/O parts of acquire, shared by the asyncio source and its twin.
+
+The claim request an acquire repeats (`_Plan`), what one answer means
+(`_Outcome`), how long a wait between attempts may last (`_Pause`), and the
+metrics of an attempt and of a whole wait. The waiting itself is in
+`_acquire_async` (and its generated blocking twin `_acquire`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _instrument
+from .._common import claim_args
+from ..clock import Clock
+from ..driver import ClaimAttempt, ClaimRequest, LeaveQueue
+from ..errors import AcquireTimeoutError, ValidationError
+from ..types import Claim, Owner
+from ..validation import check_timeout
+from ._timing import real_wait
+
+#: Without a watcher, how often a waiter re-checks a held lease (seconds).
+FALLBACK_POLL = 0.5
+#: Bounds of a fair waiter's queue-entry ttl (it is the lease ttl within these).
+MIN_WAITER_TTL = 1.0
+MAX_WAITER_TTL = 30.0
+#: Wake this long after the computed expiry, so the claim is not judged early.
+_EXPIRY_SLACK = 0.001
+#: After a claim gave up on a locked lease row (lock_timeout), try again after
+#: this (real seconds): the lock wait itself was the wait, this only keeps a
+#: tiny lock_timeout from spinning.
+BUSY_PAUSE = 0.05
+#: A stoppable wait (an election) looks at its stop flag this often.
+STOP_POLL = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    claim: Claim | None
+    #: Seconds (local) until something may change without an event: the holder's
+    #: expiry, or a dead queue head's entry running out.
+    wake_in: float | None
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    return check_timeout(timeout)
+
+
+class _Plan:
+    """One acquire's fixed arguments: the claim request it repeats."""
+
+    def __init__(self, rid: str, owner: Owner, ttl: float, fair: bool) -> None:
+        self.rid = rid
+        self.owner = owner
+        self.token, args = claim_args(rid, owner, ttl, None, None)
+        self.ttl = float(args[4])
+        self.fair = fair
+        self.waiter = uuid.uuid4().hex if fair else None
+        self.waiter_ttl = min(max(self.ttl, MIN_WAITER_TTL), MAX_WAITER_TTL)
+        self.refresh_every = self.waiter_ttl / 3
+        self.request = ClaimRequest(
+            rid, owner, self.token, self.ttl, self.waiter, self.waiter_ttl if fair else None
+        )
+
+    def leave(self) -> LeaveQueue | None:
+        return None if self.waiter is None else LeaveQueue(self.rid, self.waiter)
+
+    def outcome(self, answer: ClaimAttempt) -> _Outcome:
+        if answer.claimed:
+            assert answer.expires_at is not None
+            claim = Claim(
+                self.rid, self.owner, self.token, answer.generation, answer.expires_at,
+                answer.revision,
+            )  # fmt: skip
+            return _Outcome(claim, None)
+        waits = []
+        if answer.expires_at is not None:
+            waits.append((answer.expires_at - answer.judged_at).total_seconds() + _EXPIRY_SLACK)
+        if answer.position and answer.head_expires_at is not None:
+            waits.append(
+                (answer.head_expires_at - answer.judged_at).total_seconds() + _EXPIRY_SLACK
+            )
+        if self.fair:
+            waits.append(self.refresh_every)
+        return _Outcome(None, max(0.0, min(waits)) if waits else None)
+
+    def timeout_error(self, timeout: float | None) -> AcquireTimeoutError:
+        return AcquireTimeoutError(
+            f"could not acquire {self.rid} for {self.owner} within {timeout:g}s"
+            + (" (fair queue entry removed)" if self.fair else "")
+        )
+
+
+#: Stands in for a room's enqueue lock when none is needed (a `nullcontext`
+#: serves `with` and `async with` alike).
+_NO_LOCK: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def _left(clock: Clock, deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - clock.monotonic()
+
+
+class _Pause:
+    """How long one wait between attempts may last, and when it is over.
+
+    Until the first of: a wake-up from the room (the caller waits on it), the
+    holder's expiry (`wake_in`, real seconds), the deadline (on `clock`), a
+    fallback re-check (no working room: `FALLBACK_POLL`), a stop request.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        deadline: float | None,
+        wake_in: float | None,
+        poll: bool,
+        stop: Any = None,
+    ) -> None:
+        now = time.monotonic()
+        self.clock = clock
+        self.deadline = deadline
+        self.end = None if wake_in is None else now + wake_in
+        if poll:
+            # No watcher: a release would go unnoticed until the expiry.
+            self.end = _min_wait(self.end, now + FALLBACK_POLL)
+        self.stop = stop
+
+    def next_wait(self) -> float | None:
+        """Real seconds to wait next; <= 0 when the pause is over."""
+        if self.stop is not None and self.stop.is_set():
+            return 0.0
+        left = _left(self.clock, self.deadline)
+        if left is not None and left <= 0:
+            return 0.0
+        wait = real_wait(self.clock, left)
+        if self.end is not None:
+            wait = _min_wait(wait, self.end - time.monotonic())
+        if self.stop is not None:
+            wait = _min_wait(wait, STOP_POLL)
+        return wait
+
+
+def _same_clock(keeper_clock: Clock, clock: Clock | None) -> None:
+    """A held lease's trust window is on its keeper's clock: refuse another one."""
+    if clock is not None and clock != keeper_clock:
+        raise ValidationError(f"clock {clock!r} is not the keeper's clock {keeper_clock!r}")
+
+
+def _min_wait(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _record_wait(clock: Clock, began: float, error: BaseException | None) -> None:
+    """Observe how long an acquire waited (on its clock), by how it ended."""
+    outcome = "acquired" if error is None else _instrument.acquire_outcome(error)
+    if outcome is not None:
+        _instrument.recorder.acquire_wait(clock.monotonic() - began, outcome)
+
+
+@contextlib.contextmanager
+def _waiting(clock: Clock) -> Iterator[None]:
+    """Observe how long the acquire inside waited (on `clock`), by how it ended."""
+    began = clock.monotonic()
+    try:
+        yield
+    except BaseException as error:
+        _record_wait(clock, began, error)
+        raise
+    _record_wait(clock, began, None)
+
+
+def _claim_outcome(answer: ClaimAttempt | None) -> str:
+    """The claims_total outcome of one acquire attempt's answer."""
+    return "busy" if answer is None else "claimed" if answer.claimed else "held"
