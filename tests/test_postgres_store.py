@@ -262,3 +262,45 @@ async def test_async_hot_path_survives_deallocate_all(apg_store: AsyncPostgresSt
     assert await apg_store.release(claim) == 3
     with pytest.raises(LeaseLostError):
         await apg_store.release(claim)
+
+
+async def test_async_claim_cancelled_in_flight_is_cancelled_on_the_server(
+    pg_dsn: str, schema: str
+) -> None:
+    """A task cancelled while its claim waits on the server: the claim is cancelled
+    there too (it never takes the lease) and the store's one connection goes on."""
+    async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=1) as store:
+        rid = await store.ensure_resource("run", "cancelled")
+        with psycopg.connect(pg_dsn, autocommit=True) as locker:
+            with locker.transaction():  # holds the lease row: the claim waits for it
+                locker.execute(
+                    f'SELECT 1 FROM "{schema}".leases WHERE resource_id = %s FOR UPDATE', [rid]
+                )
+                task = asyncio.create_task(store.claim(rid, Owner("host", "a"), 30))
+                waiting: list[tuple[Any, ...]] = []
+                for _ in range(3000):  # bounded: the claim reaches the lock at once
+                    waiting = sql(
+                        pg_dsn,
+                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE %s",
+                        [f'%"{schema}".claim(%'],
+                    )
+                    if waiting:
+                        break
+                    await asyncio.sleep(0.01)
+                assert waiting, "the claim never waited on the row lock"
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, 60)
+                # Cancelled on the server while the row is still locked: nothing waits.
+                assert not sql(
+                    pg_dsn,
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE %s",
+                    [f'%"{schema}".claim(%'],
+                )
+        state = await store.get(rid)  # the cancelled claim took nothing
+        assert not state.lease.held and state.revision == 0
+        claim = await store.claim(rid, Owner("host", "b"), 30)
+        assert claim is not None and claim.owner == Owner("host", "b")
+        assert await store.release(claim) == claim.revision + 1

@@ -34,6 +34,7 @@ driver's error, and a broken connection then means the outcome is unknown.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,6 +50,10 @@ RENEW = b"pglease_renew"
 RELEASE = b"pglease_release"
 
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+_ACTIVE = pq.TransactionStatus.ACTIVE
+#: What psycopg's own wait treats as an interruption of a query in flight.
+_INTERRUPTED = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 _ALREADY_PREPARED = b"42P05"  # duplicate_prepared_statement
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -224,8 +229,7 @@ class AsyncFastPath(FastPath):
                 conn.pgconn.send_query_prepared(name, values, formats)
         except psycopg.Error as exc:
             raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
-        results: list[pq.abc.PGresult] = await conn.wait(generators.execute(conn.pgconn))
-        return results[-1]
+        return (await results_async(conn))[-1]
 
     async def prepare_on_connect_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Asyncio twin of `FastPath.prepare_on_connect`."""
@@ -266,6 +270,78 @@ class AsyncFastPath(FastPath):
                 result = await self._exec_async(conn, name, values, formats)
             self._check(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+
+
+async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGresult]:
+    """Every result of the query just sent on `conn`, read without blocking the loop.
+
+    What ``await conn.wait(generators.execute(conn.pgconn))`` does, for the case
+    of the hot path (the query fits the socket buffer, its results come back in
+    one or a few reads) at half the client CPU: psycopg's wait arms a 0.1 s timer
+    and polls the socket for writing on every call, and its generator protocol
+    adds a round of Python calls per wake-up. A query that does not fit goes the
+    general way. Interrupted (the task cancelled), it is cancelled on the server
+    as psycopg's wait does (`_interrupted`).
+    """
+    pgconn = conn.pgconn
+    if pgconn.flush() != 0:  # the socket buffer was full: let psycopg send the rest
+        results: list[pq.abc.PGresult] = await conn.wait(generators.execute(pgconn))
+        return results
+    results = []
+    try:
+        while True:
+            if pgconn.is_busy():
+                try:
+                    await _readable(pgconn)
+                except psycopg.DatabaseError:
+                    # As psycopg: an error already read (a FATAL) is what the
+                    # caller reports; the lost connection comes after it.
+                    if any(r.status == _FATAL_ERROR for r in results):
+                        return results
+                    raise
+            if (result := pgconn.get_result()) is None:
+                return results
+            results.append(result)
+    except _INTERRUPTED:
+        await _interrupted(conn)
+        raise
+    except OSError as exc:  # the socket went away under the event loop
+        raise psycopg.OperationalError("connection socket closed") from exc
+
+
+async def _readable(pgconn: pq.abc.PGconn) -> None:
+    """Read until libpq has a whole result (`pgconn.is_busy()` is false)."""
+    loop = asyncio.get_running_loop()
+    fd = pgconn.socket
+    while True:
+        ready = loop.create_future()
+        loop.add_reader(fd, _wake, ready)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            return
+
+
+def _wake(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
+async def _interrupted(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A query interrupted in flight: cancel it on the server and read its end, as
+    psycopg's own wait does, so the connection can be reused; if that fails or
+    takes over 5 s, close the connection, whose state is then unknown. The
+    interruption itself propagates (the caller re-raises it)."""
+    if conn.pgconn.transaction_status != _ACTIVE:
+        return
+    try:
+        await conn.cancel_safe(timeout=5.0)
+        await conn.wait(generators.fetch_many(conn.pgconn), timeout=5.0)
+    except BaseException:  # a second interruption, or the cancel failed: the
+        conn.pgconn.finish()  # connection is dropped; the first interruption wins
 
 
 def check_result(
