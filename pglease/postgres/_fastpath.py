@@ -275,13 +275,14 @@ class AsyncFastPath(FastPath):
 async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGresult]:
     """Every result of the query just sent on `conn`, read without blocking the loop.
 
-    What ``await conn.wait(generators.execute(conn.pgconn))`` does, for the case
-    of the hot path (the query fits the socket buffer, its results come back in
-    one or a few reads) at half the client CPU: psycopg's wait arms a 0.1 s timer
-    and polls the socket for writing on every call, and its generator protocol
-    adds a round of Python calls per wake-up. A query that does not fit goes the
-    general way. Interrupted (the task cancelled), it is cancelled on the server
-    as psycopg's wait does (`_interrupted`).
+    What ``await conn.wait(generators.execute(conn.pgconn))`` does, made cheaper
+    for the hot path's case (the query fits the socket buffer, its results come
+    back in one or a few reads): psycopg's wait also arms and cancels a 0.1 s
+    timer and polls the socket for writing on every call, and drives a generator
+    per wake-up; on the loop's own thread that CPU is taken from the other tasks
+    (bench/RESULTS.md). A query that does not fit goes psycopg's general way.
+    Interrupted (the task cancelled), the query is cancelled on the server as
+    psycopg's wait does (`_interrupted`).
     """
     pgconn = conn.pgconn
     if pgconn.flush() != 0:  # the socket buffer was full: let psycopg send the rest
