@@ -269,36 +269,29 @@ async def test_async_claim_cancelled_in_flight_is_cancelled_on_the_server(
 ) -> None:
     """A task cancelled while its claim waits on the server: the claim is cancelled
     there too (it never takes the lease) and the store's one connection goes on."""
+
+    def claims_waiting() -> list[tuple[Any, ...]]:
+        query = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s"
+        return sql(pg_dsn, query, [f'%"{schema}".claim(%'])
+
     async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=1) as store:
         rid = await store.ensure_resource("run", "cancelled")
-        with psycopg.connect(pg_dsn, autocommit=True) as locker:
-            with locker.transaction():  # holds the lease row: the claim waits for it
-                locker.execute(
-                    f'SELECT 1 FROM "{schema}".leases WHERE resource_id = %s FOR UPDATE', [rid]
-                )
-                task = asyncio.create_task(store.claim(rid, Owner("host", "a"), 30))
-                waiting: list[tuple[Any, ...]] = []
-                for _ in range(3000):  # bounded: the claim reaches the lock at once
-                    waiting = sql(
-                        pg_dsn,
-                        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE %s",
-                        [f'%"{schema}".claim(%'],
-                    )
-                    if waiting:
-                        break
-                    await asyncio.sleep(0.01)
-                assert waiting, "the claim never waited on the row lock"
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await asyncio.wait_for(task, 60)
-                # Cancelled on the server while the row is still locked: nothing waits.
-                assert not sql(
-                    pg_dsn,
-                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                    " AND query LIKE %s",
-                    [f'%"{schema}".claim(%'],
-                )
+        locker = psycopg.connect(pg_dsn, autocommit=True)
+        with locker, locker.transaction():  # holds the lease row: the claim waits for it
+            locker.execute(
+                f'SELECT 1 FROM "{schema}".leases WHERE resource_id = %s FOR UPDATE', [rid]
+            )
+            task = asyncio.create_task(store.claim(rid, Owner("host", "a"), 30))
+            for _ in range(3000):  # bounded: the claim reaches the lock at once
+                if claims_waiting():
+                    break
+                await asyncio.sleep(0.01)
+            assert claims_waiting(), "the claim never waited on the row lock"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 60)
+            # Cancelled on the server while the row is still locked: nothing waits.
+            assert not claims_waiting()
         state = await store.get(rid)  # the cancelled claim took nothing
         assert not state.lease.held and state.revision == 0
         claim = await store.claim(rid, Owner("host", "b"), 30)
