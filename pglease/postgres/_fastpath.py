@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -52,6 +53,7 @@ RELEASE = b"pglease_release"
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _ACTIVE = pq.TransactionStatus.ACTIVE
+_OK = pq.ConnStatus.OK
 #: What psycopg's own wait treats as an interruption of a query in flight.
 _INTERRUPTED = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
@@ -241,6 +243,7 @@ class AsyncFastPath(FastPath):
             self._check(conn, result, pq.ExecStatus.COMMAND_OK)
 
     async def _prepare_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        unwatch(conn)  # psycopg's waits below register the socket themselves
         try:
             if self._setup is not None:
                 conn.pgconn.send_query(self._setup)
@@ -279,13 +282,16 @@ async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGres
     for the hot path's case (the query fits the socket buffer, its results come
     back in one or a few reads): psycopg's wait also arms and cancels a 0.1 s
     timer and polls the socket for writing on every call, and drives a generator
-    per wake-up; on the loop's own thread that CPU is taken from the other tasks
-    (bench/RESULTS.md). A query that does not fit goes psycopg's general way.
-    Interrupted (the task cancelled), the query is cancelled on the server as
-    psycopg's wait does (`_interrupted`).
+    per wake-up; and the socket stays registered with the loop between calls
+    (`_Watch`) instead of being added and removed for each. On the loop's own
+    thread that CPU is taken from the other tasks (bench/RESULTS.md). A query
+    that does not fit goes psycopg's general way. Interrupted (the task
+    cancelled), the query is cancelled on the server as psycopg's wait does
+    (`_interrupted`).
     """
     pgconn = conn.pgconn
     if pgconn.flush() != 0:  # the socket buffer was full: let psycopg send the rest
+        unwatch(conn)  # psycopg's wait registers the socket itself
         results: list[pq.abc.PGresult] = await conn.wait(generators.execute(pgconn))
         return results
     results = []
@@ -293,42 +299,98 @@ async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGres
         while True:
             if pgconn.is_busy():
                 try:
-                    await _readable(pgconn)
+                    await _watch(conn).readable(pgconn)
                 except psycopg.DatabaseError:
                     # As psycopg: an error already read (a FATAL) is what the
                     # caller reports; the lost connection comes after it.
                     if any(r.status == _FATAL_ERROR for r in results):
+                        unwatch(conn)
                         return results
                     raise
             if (result := pgconn.get_result()) is None:
+                if pgconn.status != _OK:
+                    unwatch(conn)
                 return results
             results.append(result)
     except _INTERRUPTED:
+        unwatch(conn)
         await _interrupted(conn)
         raise
     except OSError as exc:  # the socket went away under the event loop
+        unwatch(conn)
         raise psycopg.OperationalError("connection socket closed") from exc
+    except BaseException:
+        # libpq closes the socket of a connection it finds lost: the loop must
+        # forget it first, or a new socket given the same number is never seen.
+        unwatch(conn)
+        raise
 
 
-async def _readable(pgconn: pq.abc.PGconn) -> None:
-    """Read until libpq has a whole result (`pgconn.is_busy()` is false)."""
-    loop = asyncio.get_running_loop()
-    fd = pgconn.socket
-    while True:
-        ready = loop.create_future()
-        loop.add_reader(fd, _wake, ready)
-        try:
-            await ready
-        finally:
-            loop.remove_reader(fd)
-        pgconn.consume_input()
-        if not pgconn.is_busy():
-            return
+class _Watch:
+    """A store connection's socket, registered with the event loop for reading
+    while the connection is on the fast path or idle in the store's stack.
+
+    Adding and removing a reader costs about 6 us a call (the selector's Python
+    bookkeeping and two epoll_ctl calls); kept registered, a call only sets the
+    future it waits on. Readable with no call waiting means the server is
+    hanging up (an idle store connection is sent nothing else): the watch then
+    ends, since the loop would report the socket again on every turn. Whoever
+    uses the connection otherwise (psycopg's own waits, the pool) must call
+    `unwatch` first: psycopg's wait replaces and then removes the reader.
+    """
+
+    __slots__ = ("conn", "fd", "loop", "waiter")
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+        self.loop = asyncio.get_running_loop()
+        self.fd = conn.pgconn.socket
+        self.waiter: asyncio.Future[None] | None = None
+        self.loop.add_reader(self.fd, self._wake)
+
+    def _wake(self) -> None:
+        if self.waiter is None:
+            unwatch(self.conn)
+        elif not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def readable(self, pgconn: pq.abc.PGconn) -> None:
+        """Read until libpq has a whole result (`pgconn.is_busy()` is false)."""
+        while True:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                return
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)  # a no-op once the loop is closed
 
 
-def _wake(ready: asyncio.Future[None]) -> None:
-    if not ready.done():
-        ready.set_result(None)
+#: The connections whose socket is registered: at most one `_Watch` each.
+_watches: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Watch] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _watch(conn: psycopg.AsyncConnection[Any]) -> _Watch:
+    watch = _watches.get(conn)
+    if watch is not None and watch.loop is asyncio.get_running_loop():
+        return watch
+    unwatch(conn)  # registered with another (an ended) loop, or not at all
+    watch = _watches[conn] = _Watch(conn)
+    return watch
+
+
+def unwatch(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Stop watching `conn`'s socket (if it was): before anything but the fast path
+    uses the connection, and before it goes back to its pool or is closed."""
+    watch = _watches.pop(conn, None)
+    if watch is not None:
+        watch.close()
 
 
 async def _interrupted(conn: psycopg.AsyncConnection[Any]) -> None:
