@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import select
 import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -332,23 +333,33 @@ class _Watch:
 
     Adding and removing a reader costs about 6 us a call (the selector's Python
     bookkeeping and two epoll_ctl calls); kept registered, a call only sets the
-    future it waits on. Readable with no call waiting means the server is
-    hanging up (an idle store connection is sent nothing else): the watch then
-    ends, since the loop would report the socket again on every turn. Whoever
+    future it waits on. The loop reports a readable socket on every turn until
+    it is read, so a report can be stale (read since by the woken call): each is
+    checked with a zero-timeout poll, else a stale one would wake the next call
+    for nothing (a loop turn a call). Readable with no call waiting means the
+    server is hanging up (an idle store connection is sent nothing else): the
+    watch then ends, since the report would come again on every turn. Whoever
     uses the connection otherwise (psycopg's own waits, the pool) must call
     `unwatch` first: psycopg's wait replaces and then removes the reader.
     """
 
-    __slots__ = ("conn", "fd", "loop", "waiter")
+    __slots__ = ("conn", "fd", "loop", "poller", "waiter")
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
         self.loop = asyncio.get_running_loop()
         self.fd = conn.pgconn.socket
         self.waiter: asyncio.Future[None] | None = None
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
         self.loop.add_reader(self.fd, self._wake)
 
     def _wake(self) -> None:
+        try:
+            if not self.poller.poll(0):
+                return  # stale: the woken call has read it since
+        except OSError:
+            pass  # let the waiting call (or the next) meet the error in libpq
         if self.waiter is None:
             unwatch(self.conn)
         elif not self.waiter.done():
