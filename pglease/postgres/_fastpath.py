@@ -217,8 +217,8 @@ class FastPath:
 
 class AsyncFastPath(FastPath):
     """The same prepared calls on an `AsyncConnection`, without blocking the loop:
-    libpq's non-blocking send plus psycopg's own wait (which also cancels the
-    query server-side when the task is interrupted)."""
+    libpq's non-blocking send, then `results_async` (which also cancels the
+    query server-side when the task is interrupted, as psycopg's wait does)."""
 
     async def _exec_async(
         self, conn: psycopg.AsyncConnection[Any], name: bytes, values: list[Any], formats: list[int]
