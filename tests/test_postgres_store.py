@@ -17,6 +17,7 @@ import pytest
 
 from pglease import (
     AsyncPostgresStore,
+    CommitOutcomeUnknownError,
     LeaseLostError,
     MigrationChecksumError,
     MigrationError,
@@ -34,6 +35,12 @@ def sql(dsn: str, query: str, args: list[Any] | None = None) -> list[tuple[Any, 
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.execute(query.encode(), args)
         return cur.fetchall() if cur.description else []
+
+
+def _claims_waiting(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    """The backends whose claim (in `schema`) waits on a lock."""
+    query = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s"
+    return sql(dsn, query, [f'%"{schema}".claim(%'])
 
 
 def test_only_the_token_hash_is_stored(pg_store: PostgresStore, pg_dsn: str, schema: str) -> None:
@@ -241,6 +248,41 @@ async def test_async_caller_waiting_for_the_pool_gets_the_next_connection_back(
         assert await store.claim(rid, Owner("host", "a"), 30) is not None
 
 
+async def test_async_fast_path_goes_on_after_its_connection_is_lost_mid_call(
+    pg_dsn: str, schema: str
+) -> None:
+    """The asyncio fast path keeps its socket registered with the event loop between
+    calls; a connection lost mid-call (libpq closes its socket) is an outcome
+    unknown, and the calls after it, on the pool's replacement connection, each
+    complete within a bound."""
+    async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=1, lock_timeout=None) as store:
+        rid = await store.ensure_resource("run", "lost")
+        other = await store.ensure_resource("run", "after")
+        claim = await store.claim(other, Owner("host", "a"), 30)  # the socket is watched now
+        assert claim is not None
+        await store.release(claim)
+        locker = psycopg.connect(pg_dsn, autocommit=True)
+        with locker, locker.transaction():  # the claim waits on the lease row
+            locker.execute(
+                f'SELECT 1 FROM "{schema}".leases WHERE resource_id = %s FOR UPDATE', [rid]
+            )
+            task = asyncio.create_task(store.claim(rid, Owner("host", "a"), 30))
+            pids: list[tuple[Any, ...]] = []
+            for _ in range(3000):  # bounded: the claim reaches the lock at once
+                if pids := _claims_waiting(pg_dsn, schema):
+                    break
+                await asyncio.sleep(0.01)
+            assert pids, "the claim never waited on the row lock"
+            sql(pg_dsn, "SELECT pg_terminate_backend(%s, 10000)", [pids[0][0]])
+            with pytest.raises(CommitOutcomeUnknownError):
+                await asyncio.wait_for(task, 60)
+        for _ in range(3):  # on the replacement connection, each call bounded
+            claim = await asyncio.wait_for(store.claim(other, Owner("host", "b"), 30), 60)
+            assert claim is not None
+            await asyncio.wait_for(store.release(claim), 60)
+        assert not (await store.get(rid)).lease.held
+
+
 def test_hot_path_survives_deallocate_all(pg_store: PostgresStore) -> None:
     """psycopg sends DEALLOCATE ALL after a rollback; claim/renew/release re-prepare."""
     rid = pg_store.ensure_resource("run", "dealloc")
@@ -262,3 +304,37 @@ async def test_async_hot_path_survives_deallocate_all(apg_store: AsyncPostgresSt
     assert await apg_store.release(claim) == 3
     with pytest.raises(LeaseLostError):
         await apg_store.release(claim)
+
+
+async def test_async_claim_cancelled_in_flight_is_cancelled_on_the_server(
+    pg_dsn: str, schema: str
+) -> None:
+    """A task cancelled while its claim waits on the server: the claim is cancelled
+    there too (it never takes the lease) and the store's one connection goes on."""
+
+    def claims_waiting() -> list[tuple[Any, ...]]:
+        return _claims_waiting(pg_dsn, schema)
+
+    async with AsyncPostgresStore(pg_dsn, schema=schema, max_size=1) as store:
+        rid = await store.ensure_resource("run", "cancelled")
+        locker = psycopg.connect(pg_dsn, autocommit=True)
+        with locker, locker.transaction():  # holds the lease row: the claim waits for it
+            locker.execute(
+                f'SELECT 1 FROM "{schema}".leases WHERE resource_id = %s FOR UPDATE', [rid]
+            )
+            task = asyncio.create_task(store.claim(rid, Owner("host", "a"), 30))
+            for _ in range(3000):  # bounded: the claim reaches the lock at once
+                if claims_waiting():
+                    break
+                await asyncio.sleep(0.01)
+            assert claims_waiting(), "the claim never waited on the row lock"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 60)
+            # Cancelled on the server while the row is still locked: nothing waits.
+            assert not claims_waiting()
+        state = await store.get(rid)  # the cancelled claim took nothing
+        assert not state.lease.held and state.revision == 0
+        claim = await store.claim(rid, Owner("host", "b"), 30)
+        assert claim is not None and claim.owner == Owner("host", "b")
+        assert await store.release(claim) == claim.revision + 1

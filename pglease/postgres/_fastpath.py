@@ -34,7 +34,10 @@ driver's error, and a broken connection then means the outcome is unknown.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import select
+import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,6 +52,11 @@ RENEW = b"pglease_renew"
 RELEASE = b"pglease_release"
 
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+_ACTIVE = pq.TransactionStatus.ACTIVE
+_OK = pq.ConnStatus.OK
+#: What psycopg's own wait treats as an interruption of a query in flight.
+_INTERRUPTED = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 _NO_SUCH_STATEMENT = b"26000"  # invalid_sql_statement_name
 _ALREADY_PREPARED = b"42P05"  # duplicate_prepared_statement
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -209,8 +217,8 @@ class FastPath:
 
 class AsyncFastPath(FastPath):
     """The same prepared calls on an `AsyncConnection`, without blocking the loop:
-    libpq's non-blocking send plus psycopg's own wait (which also cancels the
-    query server-side when the task is interrupted)."""
+    libpq's non-blocking send, then `results_async` (which also cancels the
+    query server-side when the task is interrupted, as psycopg's wait does)."""
 
     async def _exec_async(
         self, conn: psycopg.AsyncConnection[Any], name: bytes, values: list[Any], formats: list[int]
@@ -224,8 +232,7 @@ class AsyncFastPath(FastPath):
                 conn.pgconn.send_query_prepared(name, values, formats)
         except psycopg.Error as exc:
             raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
-        results: list[pq.abc.PGresult] = await conn.wait(generators.execute(conn.pgconn))
-        return results[-1]
+        return (await results_async(conn))[-1]
 
     async def prepare_on_connect_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Asyncio twin of `FastPath.prepare_on_connect`."""
@@ -237,6 +244,7 @@ class AsyncFastPath(FastPath):
             self._check(conn, result, pq.ExecStatus.COMMAND_OK)
 
     async def _prepare_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        unwatch(conn)  # psycopg's waits below register the socket themselves
         try:
             if self._setup is not None:
                 conn.pgconn.send_query(self._setup)
@@ -266,6 +274,148 @@ class AsyncFastPath(FastPath):
                 result = await self._exec_async(conn, name, values, formats)
             self._check(conn, result, _TUPLES_OK)
         return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+
+
+async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGresult]:
+    """Every result of the query just sent on `conn`, read without blocking the loop.
+
+    What ``await conn.wait(generators.execute(conn.pgconn))`` does, made cheaper
+    for the hot path's case (the query fits the socket buffer, its results come
+    back in one or a few reads): psycopg's wait also arms and cancels a 0.1 s
+    timer and polls the socket for writing on every call, and drives a generator
+    per wake-up; and the socket stays registered with the loop between calls
+    (`_Watch`) instead of being added and removed for each. On the loop's own
+    thread that CPU is taken from the other tasks (bench/RESULTS.md). A query
+    that does not fit goes psycopg's general way. Interrupted (the task
+    cancelled), the query is cancelled on the server as psycopg's wait does
+    (`_interrupted`).
+    """
+    pgconn = conn.pgconn
+    if pgconn.flush() != 0:  # the socket buffer was full: let psycopg send the rest
+        unwatch(conn)  # psycopg's wait registers the socket itself
+        results: list[pq.abc.PGresult] = await conn.wait(generators.execute(pgconn))
+        return results
+    results = []
+    try:
+        while True:
+            if pgconn.is_busy():
+                try:
+                    await _watch(conn).readable(pgconn)
+                except psycopg.DatabaseError:
+                    # As psycopg: an error already read (a FATAL) is what the
+                    # caller reports; the lost connection comes after it.
+                    if any(r.status == _FATAL_ERROR for r in results):
+                        unwatch(conn)
+                        return results
+                    raise
+            if (result := pgconn.get_result()) is None:
+                if pgconn.status != _OK:
+                    unwatch(conn)
+                return results
+            results.append(result)
+    except _INTERRUPTED:
+        unwatch(conn)
+        await _interrupted(conn)
+        raise
+    except OSError as exc:  # the socket went away under the event loop
+        unwatch(conn)
+        raise psycopg.OperationalError("connection socket closed") from exc
+    except BaseException:
+        # libpq closes the socket of a connection it finds lost: the loop must
+        # forget it first, or a new socket given the same number is never seen.
+        unwatch(conn)
+        raise
+
+
+class _Watch:
+    """A store connection's socket, registered with the event loop for reading
+    while the connection is on the fast path or idle in the store's stack.
+
+    Adding and removing a reader costs about 6 us a call (the selector's Python
+    bookkeeping and two epoll_ctl calls); kept registered, a call only sets the
+    future it waits on. The loop reports a readable socket on every turn until
+    it is read, so a report can be stale (read since by the woken call): each is
+    checked with a zero-timeout poll, else a stale one would wake the next call
+    for nothing (a loop turn a call). Readable with no call waiting means the
+    server is hanging up (an idle store connection is sent nothing else): the
+    watch then ends, since the report would come again on every turn. Whoever
+    uses the connection otherwise (psycopg's own waits, the pool) must call
+    `unwatch` first: psycopg's wait replaces and then removes the reader.
+    """
+
+    __slots__ = ("conn", "fd", "loop", "poller", "waiter")
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+        self.loop = asyncio.get_running_loop()
+        self.fd = conn.pgconn.socket
+        self.waiter: asyncio.Future[None] | None = None
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
+        self.loop.add_reader(self.fd, self._wake)
+
+    def _wake(self) -> None:
+        try:
+            if not self.poller.poll(0):
+                return  # stale: the woken call has read it since
+        except OSError:
+            pass  # let the waiting call (or the next) meet the error in libpq
+        if self.waiter is None:
+            unwatch(self.conn)
+        elif not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def readable(self, pgconn: pq.abc.PGconn) -> None:
+        """Read until libpq has a whole result (`pgconn.is_busy()` is false)."""
+        while True:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                return
+
+    def close(self) -> None:
+        self.loop.remove_reader(self.fd)  # a no-op once the loop is closed
+
+
+#: The connections whose socket is registered: at most one `_Watch` each.
+_watches: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Watch] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _watch(conn: psycopg.AsyncConnection[Any]) -> _Watch:
+    watch = _watches.get(conn)
+    if watch is not None and watch.loop is asyncio.get_running_loop():
+        return watch
+    unwatch(conn)  # registered with another (an ended) loop, or not at all
+    watch = _watches[conn] = _Watch(conn)
+    return watch
+
+
+def unwatch(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Stop watching `conn`'s socket (if it was): before anything but the fast path
+    uses the connection, and before it goes back to its pool or is closed."""
+    watch = _watches.pop(conn, None)
+    if watch is not None:
+        watch.close()
+
+
+async def _interrupted(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A query interrupted in flight: cancel it on the server and read its end, as
+    psycopg's own wait does, so the connection can be reused; if that fails or
+    takes over 5 s, close the connection, whose state is then unknown. The
+    interruption itself propagates (the caller re-raises it)."""
+    if conn.pgconn.transaction_status != _ACTIVE:
+        return
+    try:
+        await conn.cancel_safe(timeout=5.0)
+        await conn.wait(generators.fetch_many(conn.pgconn), timeout=5.0)
+    except BaseException:  # a second interruption, or the cancel failed: the
+        conn.pgconn.finish()  # connection is dropped; the first interruption wins
 
 
 def check_result(

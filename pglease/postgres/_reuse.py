@@ -76,9 +76,11 @@ class ConnectionStack:
         # Tasks need no lock: nothing awaits while it is held. Threads do.
         self._lock = threading.Lock()
 
-    def take(self) -> psycopg.Connection[Any]:
+    def take(self, fast: bool = False) -> psycopg.Connection[Any]:
         """A live connection for one call; hand it back with `give_back` in a `finally`.
 
+        `fast`: for the fast path, which may keep its socket registered with the
+        event loop (asyncio); any other use must find it unregistered.
         Raises the pool's errors (PoolTimeout, PoolClosed), or OperationalError
         when every connection tried was dead; nothing was sent in either case.
         """

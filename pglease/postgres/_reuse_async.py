@@ -34,6 +34,8 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
+from ._fastpath import unwatch  # sync: -
+
 # sync: import threading
 
 _OK = pq.ConnStatus.OK
@@ -61,6 +63,7 @@ def alive(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 def discard(conn: psycopg.AsyncConnection[Any]) -> None:
     """Close a connection found dead so its pool replaces it on return."""
+    unwatch(conn)  # sync: -
     # pgconn.finish() is what close() does, without awaiting for an AsyncConnection.
     conn.pgconn.finish()
 
@@ -76,9 +79,11 @@ class AsyncConnectionStack:
         # Tasks need no lock: nothing awaits while it is held. Threads do.
         self._lock = nullcontext()  # sync: self._lock = threading.Lock()
 
-    async def take(self) -> psycopg.AsyncConnection[Any]:
+    async def take(self, fast: bool = False) -> psycopg.AsyncConnection[Any]:
         """A live connection for one call; hand it back with `give_back` in a `finally`.
 
+        `fast`: for the fast path, which may keep its socket registered with the
+        event loop (asyncio); any other use must find it unregistered.
         Raises the pool's errors (PoolTimeout, PoolClosed), or OperationalError
         when every connection tried was dead; nothing was sent in either case.
         """
@@ -100,6 +105,8 @@ class AsyncConnectionStack:
                         if ticket in self._tickets:  # not yet used by a `give_back`
                             self._tickets.remove(ticket)
             if alive(conn):
+                if not fast:  # sync: -
+                    unwatch(conn)  # sync: -
                 return conn
             discard(conn)
             await self._pool.putconn(conn)
@@ -123,6 +130,7 @@ class AsyncConnectionStack:
                     self._idle.append(conn)
                     return
                 self._tickets.pop(0)  # this one goes to the pool for the oldest waiter
+        unwatch(conn)  # sync: -
         await self._pool.putconn(conn)
 
     async def drain(self) -> None:
@@ -130,4 +138,5 @@ class AsyncConnectionStack:
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
+            unwatch(conn)  # sync: -
             await self._pool.putconn(conn)

@@ -196,10 +196,13 @@ class AsyncPostgresStore:
             raise StoreClosedError(_NOT_OPEN)
         return self._conns
 
-    async def _take(self, conns: AsyncConnectionStack) -> psycopg.AsyncConnection[Any]:
-        """A live connection; the pool's errors as PgleaseErrors (nothing was sent)."""
+    async def _take(
+        self, conns: AsyncConnectionStack, fast: bool = False
+    ) -> psycopg.AsyncConnection[Any]:
+        """A live connection (`fast`: for `_write`); the pool's errors as PgleaseErrors
+        (nothing was sent)."""
         try:
-            return await conns.take()
+            return await conns.take(fast)
         except psycopg.Error as exc:
             raise self._error(exc) from exc
 
@@ -240,7 +243,7 @@ class AsyncPostgresStore:
         connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
         conns = self._stack
         for attempt in (1, 2):
-            conn = await self._take(conns)
+            conn = await self._take(conns, fast=True)
             try:
                 return await self._fast.call_async(conn, name, args)
             except NotSentError as exc:

@@ -187,10 +187,11 @@ class PostgresStore:
             raise StoreClosedError(_NOT_OPEN)
         return self._conns
 
-    def _take(self, conns: ConnectionStack) -> psycopg.Connection[Any]:
-        """A live connection; the pool's errors as PgleaseErrors (nothing was sent)."""
+    def _take(self, conns: ConnectionStack, fast: bool = False) -> psycopg.Connection[Any]:
+        """A live connection (`fast`: for `_write`); the pool's errors as PgleaseErrors
+        (nothing was sent)."""
         try:
-            return conns.take()
+            return conns.take(fast)
         except psycopg.Error as exc:
             raise self._error(exc) from exc
 
@@ -229,7 +230,7 @@ class PostgresStore:
         connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
         conns = self._stack
         for attempt in (1, 2):
-            conn = self._take(conns)
+            conn = self._take(conns, fast=True)
             try:
                 return self._fast.call(conn, name, args)
             except NotSentError as exc:
