@@ -62,7 +62,6 @@ from ..errors import (
 from ..fleet.acquire import _acquire
 from ..ids import resource_id
 from ..postgres import PostgresStore
-from ..postgres.runtime import PgRuntime
 from ..types import Claim, Owner, Permit
 from ..validation import check_timeout
 from ._conveniences import ConvenienceWrites
@@ -476,7 +475,6 @@ class PostgresSession(ConvenienceWrites):
         self._id = session_id
         self._rid = claim.resource_id
         self._claim = claim
-        self._beats = PgRuntime(self._store)
         self._revision = revision
         self._next_seq = next_seq
         self._lease_seconds = repository.lease_seconds
@@ -582,7 +580,7 @@ class PostgresSession(ConvenienceWrites):
             # A heartbeat, not store.renew(): it extends the expiry only, so an
             # open session bumps no revision and writes no event while it idles.
             item = HeartbeatItem(self._claim, self._lease_seconds)
-            [beat] = self._beats.heartbeat([item])
+            [beat] = self._store.runtime_driver().heartbeat([item])
             if beat.status == "busy":
                 # The lease row is locked by a write in flight; the loop retries.
                 raise LockTimeoutError(

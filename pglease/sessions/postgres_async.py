@@ -61,7 +61,6 @@ from ..errors import (
 from ..fleet.acquire import _acquire_async
 from ..ids import resource_id
 from ..postgres import AsyncPostgresStore
-from ..postgres.runtime import AsyncPgRuntime
 from ..types import Claim, Owner, Permit
 from ..validation import check_timeout
 from .branch_index import BranchQuery
@@ -503,7 +502,6 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
         self._id = session_id
         self._rid = claim.resource_id
         self._claim = claim
-        self._beats = AsyncPgRuntime(self._store)
         self._revision = revision
         self._next_seq = next_seq
         self._lease_seconds = repository.lease_seconds
@@ -609,7 +607,7 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
             # A heartbeat, not store.renew(): it extends the expiry only, so an
             # open session bumps no revision and writes no event while it idles.
             item = HeartbeatItem(self._claim, self._lease_seconds)
-            [beat] = await self._beats.heartbeat([item])
+            [beat] = await self._store.runtime_driver().heartbeat([item])
             if beat.status == "busy":
                 # The lease row is locked by a write in flight; the loop retries.
                 raise LockTimeoutError(
