@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE))
 from _server import throwaway_server  # noqa: E402
 
 from pglease import AcquireTimeoutError, Owner, PostgresStore  # noqa: E402
-from pglease.fleet import Keeper, Timing, acquire, hold  # noqa: E402
+from pglease.runtime import Keeper, Timing, acquire, hold  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:

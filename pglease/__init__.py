@@ -3,7 +3,7 @@
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from . import fleet as _fleet  # noqa: F401  (registers the runtime behind SqliteStore.hold)
+from . import runtime as _runtime  # noqa: F401  (registers the runtime behind SqliteStore.hold)
 from . import watch as _watch  # noqa: F401  (registers the watchers behind store.watch)
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all

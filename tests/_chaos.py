@@ -34,8 +34,8 @@ import psycopg
 
 from pglease.demo.checker import check_history
 from pglease.errors import LeaseLostError, PgleaseError
-from pglease.fleet.acquire import hold
 from pglease.postgres import PostgresStore
+from pglease.runtime.acquire import hold
 from pglease.types import Owner
 
 #: `-m tests._chaos` resolves from here.

@@ -24,7 +24,7 @@ from pglease import (
     PostgresStore,
 )
 from pglease.clock import FakeClock
-from pglease.fleet import Keeper, Timing, acquire, elect, hold, leader
+from pglease.runtime import Keeper, Timing, acquire, elect, hold, leader
 
 from ._pg_where import PgWhere
 from ._runtime_stores import queued, store

@@ -13,7 +13,7 @@ import pytest
 from pglease import AcquireTimeoutError, AsyncPostgresStore, LeaseLostError, Owner
 from pglease.clock import FakeClock
 from pglease.errors import InvalidTimingError
-from pglease.fleet import AsyncKeeper, acquire_async, elect_async, hold_async, leader_async
+from pglease.runtime import AsyncKeeper, acquire_async, elect_async, hold_async, leader_async
 
 from ._pg_where import PgWhere
 from ._runtime_stores import astore, queued
@@ -90,7 +90,7 @@ async def test_async_trust_window_closes_without_database(apg_store: AsyncPostgr
     claim = await apg_store.claim(rid, A, 1.0)
     assert claim is not None
 
-    from pglease.fleet import Timing
+    from pglease.runtime import Timing
 
     dead = PgWhere(
         "postgresql://nobody@127.0.0.1:9/none?connect_timeout=1", apg_store.schema, is_async=True
@@ -191,7 +191,7 @@ async def test_async_election(astore: Any) -> None:
 async def test_acquire_async_ends_when_its_stop_event_is_set(astore: Any, fair: bool) -> None:
     # The stop flag elections campaign with: the wait ends with
     # AcquireTimeoutError, leaving no queue entry and the holder untouched.
-    from pglease.fleet.acquire import _acquire_async
+    from pglease.runtime.acquire import _acquire_async
 
     async with hold_async(astore, "run", "stopped", A, 30) as lease:
         before = await astore.get(lease.resource_id)

@@ -21,8 +21,8 @@ import pytest
 
 from pglease import AcquireTimeoutError, LeaseLostError, Owner, PostgresStore
 from pglease.clock import FakeClock
-from pglease.fleet import Keeper, Timing, acquire, elect, hold
-from pglease.fleet._rooms import LINGER, RoomCore, _sync_rooms
+from pglease.runtime import Keeper, Timing, acquire, elect, hold
+from pglease.runtime._rooms import LINGER, RoomCore, _sync_rooms
 
 from ._runtime_stores import queued, store
 
@@ -166,7 +166,7 @@ def test_late_beat_is_counted_and_logged(
     rkeeper: Keeper,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="pglease.fleet")
+    caplog.set_level(logging.WARNING, logger="pglease.runtime")
     with hold(store, "run", "late", A, TTL, keeper=rkeeper) as lease:
         # Due at +10; seen at +16: 6 s late, past late_after (5 s) and still
         # inside the trust window (27 s).

@@ -17,7 +17,7 @@ from pathlib import Path
 from pglease import Claim, Owner, resource_id
 from pglease.cli.hold import _Supervisor
 from pglease.clock import FakeClock
-from pglease.fleet import HeldLease, Timing
+from pglease.runtime import HeldLease, Timing
 
 #: Notes SIGTERM in its file and keeps running; SIGKILL ends it.
 CHILD = r"""

@@ -30,9 +30,9 @@ from pglease import (
     PgleaseError,
     PostgresStore,
 )
-from pglease.fleet import AsyncKeeper, Keeper, acquire, acquire_async, hold, hold_async
 from pglease.migrations import grant
 from pglease.postgres.runtime import SESSION_SETUP, _connect_kwargs, application_name
+from pglease.runtime import AsyncKeeper, Keeper, acquire, acquire_async, hold, hold_async
 
 from ._pg_where import PgWhere
 
@@ -185,7 +185,7 @@ def _busy_retries(caplog: pytest.LogCaptureFixture) -> int:
 def test_acquire_behind_a_row_lock_waits_until_its_own_timeout(
     short_lock_store: PostgresStore, caplog: pytest.LogCaptureFixture, fair: bool
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="pglease.fleet")
+    caplog.set_level(logging.DEBUG, logger="pglease.runtime")
     rid = short_lock_store.ensure_resource("run", "locked")
     lock = _RowLock(short_lock_store, rid)
     try:
@@ -202,7 +202,7 @@ def test_acquire_behind_a_row_lock_waits_until_its_own_timeout(
 def test_acquire_behind_a_row_lock_succeeds_once_the_locker_rolls_back(
     short_lock_store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="pglease.fleet")
+    caplog.set_level(logging.DEBUG, logger="pglease.runtime")
     rid = short_lock_store.ensure_resource("run", "locked")
     lock = _RowLock(short_lock_store, rid)
     got: list[Any] = []
@@ -225,7 +225,7 @@ def test_acquire_behind_a_row_lock_succeeds_once_the_locker_rolls_back(
 async def test_acquire_async_behind_a_row_lock_waits_then_succeeds(
     pg_dsn: str, schema: str, pg_store: PostgresStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="pglease.fleet")
+    caplog.set_level(logging.DEBUG, logger="pglease.runtime")
     rid = pg_store.ensure_resource("run", "alocked")
     async with AsyncPostgresStore(pg_dsn, schema=schema, lock_timeout=LOCK_TIMEOUT) as store:
         lock = _RowLock(pg_store, rid)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import psycopg
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore
-from pglease.fleet import AsyncKeeper, Keeper, Timing
 from pglease.postgres.runtime import SESSION_SETUP, _connect_kwargs
+from pglease.runtime import AsyncKeeper, Keeper, Timing
 
 from ._fleet_proxy import FreezingProxy
 from ._pg_where import PgWhere

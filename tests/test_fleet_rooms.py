@@ -1,5 +1,5 @@
 """Waiting rooms: the waiters of one process on one resource share one watcher
-subscription, and a release wakes one of them, not all (`pglease.fleet._rooms`).
+subscription, and a release wakes one of them, not all (`pglease.runtime._rooms`).
 
 Timing is generous (a loaded 2-core machine must pass): the tests assert who
 was woken and in which order, never how fast.
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore
-from pglease.fleet import acquire, acquire_async
-from pglease.fleet._rooms import RoomCore, _async_rooms, _sync_rooms
+from pglease.runtime import acquire, acquire_async
+from pglease.runtime._rooms import RoomCore, _async_rooms, _sync_rooms
 from pglease.watch import hub as watch_hub
 
 from ._runtime_stores import astore, queued, store

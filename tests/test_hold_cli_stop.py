@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from pglease import Claim, Owner, PostgresStore, resource_id
-from pglease.fleet import acquire
+from pglease.runtime import acquire
 
 TTL, INTERVAL, MARGIN, GRACE = "9", "2.5", "1.5", "2.4"
 RIVAL = Owner("host", "rival")

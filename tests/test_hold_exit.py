@@ -19,7 +19,7 @@ import pytest
 
 from pglease import AsyncPostgresStore, LeaseLostError, Owner, PostgresStore
 from pglease.clock import FakeClock
-from pglease.fleet import AsyncKeeper, Keeper, Timing, acquire, acquire_async, hold, hold_async
+from pglease.runtime import AsyncKeeper, Keeper, Timing, acquire, acquire_async, hold, hold_async
 
 from ._fleet_proxy import FreezingProxy
 from ._pg_where import PgWhere

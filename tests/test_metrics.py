@@ -38,7 +38,7 @@ from pglease import (
 )
 from pglease.clock import FakeClock
 from pglease.errors import MetricsError, PgleaseError, ValidationError
-from pglease.fleet import Keeper, Timing, acquire, hold, hold_async
+from pglease.runtime import Keeper, Timing, acquire, hold, hold_async
 from pglease.watch import prune, reap_once
 
 A = Owner("host", "a")

@@ -572,7 +572,7 @@ def test_acquire_behind_a_locked_lease_row_is_bounded(
 
 
 def test_elect_leader_resign(store: PostgresStore, bouncer_dsn: str) -> None:
-    from pglease.fleet import ELECTION_TYPE
+    from pglease.runtime import ELECTION_TYPE
 
     elected = threading.Event()
     deposed = threading.Event()

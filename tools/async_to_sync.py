@@ -43,9 +43,9 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
     ("pglease/postgres/async_store.py", "pglease/postgres/store.py"),
     ("pglease/watch/_watcher_async.py", "pglease/watch/_watcher.py"),
-    ("pglease/fleet/_room_async.py", "pglease/fleet/_room.py"),
-    ("pglease/fleet/_acquire_async.py", "pglease/fleet/_acquire.py"),
-    ("pglease/fleet/_election_async.py", "pglease/fleet/_election.py"),
+    ("pglease/runtime/_room_async.py", "pglease/runtime/_room.py"),
+    ("pglease/runtime/_acquire_async.py", "pglease/runtime/_acquire.py"),
+    ("pglease/runtime/_election_async.py", "pglease/runtime/_election.py"),
     ("pglease/sqlite/_watch_async.py", "pglease/sqlite/_watch.py"),
 )
 

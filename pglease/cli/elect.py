@@ -36,10 +36,10 @@ from typing import Any
 
 from ..durations import duration_arg
 from ..errors import UnknownResourceError
-from ..fleet._timing import Timing
-from ..fleet.election import ELECTION_TYPE, Election
-from ..fleet.lease import HeldLease
 from ..ids import resource_id
+from ..runtime._timing import Timing
+from ..runtime.election import ELECTION_TYPE, Election
+from ..runtime.lease import HeldLease
 from ..validation import check_ttl
 from . import hold as hold_cli
 from .support import (

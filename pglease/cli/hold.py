@@ -43,10 +43,10 @@ from typing import Any
 import psycopg
 
 from ..errors import AcquireTimeoutError, LeaseLostError, PgleaseError
-from ..fleet._timing import Timing, real_wait
-from ..fleet.acquire import hold
-from ..fleet.keeper import Keeper
-from ..fleet.lease import HeldLease
+from ..runtime._timing import Timing, real_wait
+from ..runtime.acquire import hold
+from ..runtime.keeper import Keeper
+from ..runtime.lease import HeldLease
 from ..types import Claim
 from .support import EXIT_HELD, EXIT_USAGE, fail, open_store, owner_arg
 

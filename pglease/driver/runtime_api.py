@@ -1,7 +1,7 @@
 """The runtime's entry points, for the stores' facade methods.
 
 The stores sit below the runtime (tests/test_layering.py): a store module may
-not import `pglease.fleet` or `pglease.watch`. So each hands its entry points
+not import `pglease.runtime` or `pglease.watch`. So each hands its entry points
 to this module when it is imported (`pglease/__init__.py` imports both, and
 every ``pglease.*`` import runs that first), and the stores' `hold`,
 `acquire`, `elect`, `leader` and `watch` call them from here: the store
@@ -32,7 +32,7 @@ class Leader:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeEntryPoints:
-    """`pglease.fleet`'s functions, each taking the store as its first argument."""
+    """`pglease.runtime`'s functions, each taking the store as its first argument."""
 
     hold: Callable[..., AbstractContextManager[Any]]
     hold_async: Callable[..., AbstractAsyncContextManager[Any]]
@@ -57,14 +57,14 @@ _watch_provided: list[WatchEntryPoints] = []
 
 
 def provide(entry_points: RuntimeEntryPoints) -> None:
-    """Called once by `pglease.fleet` when it is imported."""
+    """Called once by `pglease.runtime` when it is imported."""
     _provided[:] = [entry_points]
 
 
 def runtime() -> RuntimeEntryPoints:
     """The fleet runtime's entry points (a `PgleaseError` if it was never imported)."""
     if not _provided:
-        raise PgleaseError("the fleet runtime is not loaded: import pglease.fleet first")
+        raise PgleaseError("the fleet runtime is not loaded: import pglease.runtime first")
     return _provided[0]
 
 

@@ -43,7 +43,7 @@ from .runtime import AsyncPgRuntime
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
     from ..clock import Clock
-    from ..fleet import AsyncElection, AsyncHeldLease
+    from ..runtime import AsyncElection, AsyncHeldLease
     from ..watch import AsyncWatcher
 
 T = TypeVar("T")
@@ -489,7 +489,7 @@ class AsyncPostgresStore:
         read = cursor_check.pg_events_after(self.schema, cursor, limit)
         return read.events(await self._rows(read.query, read.args))
 
-    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+    # --- fleet runtime (see pglease.runtime) -------------------------------------------
 
     def runtime_driver(self) -> AsyncPgRuntime:
         """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
@@ -499,7 +499,7 @@ class AsyncPostgresStore:
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
     ) -> AbstractAsyncContextManager[AsyncHeldLease]:
         """Hold a lease for a block: ``(async) with store.hold(type, key, owner, ttl) as
-        lease:``; see `pglease.fleet.hold` (and `hold_async`)."""
+        lease:``; see `pglease.runtime.hold` (and `hold_async`)."""
         hold = runtime().hold_async  # sync: hold = runtime().hold
         return hold(self, resource_type, key, owner, ttl, **options)
 
@@ -512,12 +512,12 @@ class AsyncPostgresStore:
         timeout: float | None = None,
         **options: Any,
     ) -> Claim:
-        """Wait for the lease and claim it; see `pglease.fleet.acquire` (and `acquire_async`)."""
+        """Wait for the lease and claim it; see `pglease.runtime.acquire` (and `acquire_async`)."""
         acquire = runtime().acquire_async  # sync: acquire = runtime().acquire
         return await acquire(self, resource_type, key, owner, ttl, timeout, **options)
 
     async def elect(self, name: str, candidate: Owner, **options: Any) -> AsyncElection:
-        """Campaign for leadership of `name`; see `pglease.fleet.elect` (and `elect_async`)."""
+        """Campaign for leadership of `name`; see `pglease.runtime.elect` (and `elect_async`)."""
         elect = runtime().elect_async  # sync: elect = runtime().elect
         election: AsyncElection = await elect(self, name, candidate, **options)
         return election

@@ -45,7 +45,7 @@ from ..types import Claim, Owner
 from . import _core
 from ._sqltext import for_schema
 
-log = logging.getLogger("pglease.fleet")
+log = logging.getLogger("pglease.runtime")
 
 #: Server-side bound on one beat (the statement never waits for locks anyway).
 STATEMENT_TIMEOUT_MS = 10_000

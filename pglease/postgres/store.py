@@ -43,7 +43,7 @@ from .runtime import PgRuntime
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
     from ..clock import Clock
-    from ..fleet import Election, HeldLease
+    from ..runtime import Election, HeldLease
     from ..watch import Watcher
 
 T = TypeVar("T")
@@ -462,7 +462,7 @@ class PostgresStore:
         read = cursor_check.pg_events_after(self.schema, cursor, limit)
         return read.events(self._rows(read.query, read.args))
 
-    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+    # --- fleet runtime (see pglease.runtime) -------------------------------------------
 
     def runtime_driver(self) -> PgRuntime:
         """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
@@ -472,7 +472,7 @@ class PostgresStore:
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
     ) -> AbstractContextManager[HeldLease]:
         """Hold a lease for a block: ``(async) with store.hold(type, key, owner, ttl) as
-        lease:``; see `pglease.fleet.hold` (and `hold_async`)."""
+        lease:``; see `pglease.runtime.hold` (and `hold_async`)."""
         hold = runtime().hold
         return hold(self, resource_type, key, owner, ttl, **options)
 
@@ -485,12 +485,12 @@ class PostgresStore:
         timeout: float | None = None,
         **options: Any,
     ) -> Claim:
-        """Wait for the lease and claim it; see `pglease.fleet.acquire` (and `acquire_async`)."""
+        """Wait for the lease and claim it; see `pglease.runtime.acquire` (and `acquire_async`)."""
         acquire = runtime().acquire
         return acquire(self, resource_type, key, owner, ttl, timeout, **options)
 
     def elect(self, name: str, candidate: Owner, **options: Any) -> Election:
-        """Campaign for leadership of `name`; see `pglease.fleet.elect` (and `elect_async`)."""
+        """Campaign for leadership of `name`; see `pglease.runtime.elect` (and `elect_async`)."""
         elect = runtime().elect
         election: Election = elect(self, name, candidate, **options)
         return election

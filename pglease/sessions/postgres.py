@@ -59,9 +59,9 @@ from ..errors import (
     ResourceLeasedError,
     StaleResourceError,
 )
-from ..fleet.acquire import _acquire
 from ..ids import resource_id
 from ..postgres import PostgresStore
+from ..runtime.acquire import _acquire
 from ..types import Claim, Owner, Permit
 from ..validation import check_timeout
 from ._conveniences import ConvenienceWrites

@@ -58,9 +58,9 @@ from ..errors import (
     ResourceLeasedError,
     StaleResourceError,
 )
-from ..fleet.acquire import _acquire_async
 from ..ids import resource_id
 from ..postgres import AsyncPostgresStore
+from ..runtime.acquire import _acquire_async
 from ..types import Claim, Owner, Permit
 from ..validation import check_timeout
 from .branch_index import BranchQuery

@@ -30,7 +30,7 @@ AsyncApply = Callable[[sqlite3.Connection], Awaitable[T]]
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
     from ..clock import Clock
-    from ..fleet import AsyncElection, AsyncHeldLease
+    from ..runtime import AsyncElection, AsyncHeldLease
     from .watch import AsyncSqliteWatcher
 
 
@@ -204,7 +204,7 @@ class AsyncSqliteStore:
         """Committed events after `cursor`, as `SqliteStore.events_after`."""
         return await asyncio.to_thread(self.sync_store.events_after, cursor, limit)
 
-    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+    # --- fleet runtime (see pglease.runtime) -------------------------------------------
 
     def runtime_driver(self) -> AsyncSqliteRuntime:
         """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
@@ -214,7 +214,7 @@ class AsyncSqliteStore:
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
     ) -> AbstractAsyncContextManager[AsyncHeldLease]:
         """Hold a lease for a block, renewed by the loop's keeper task: ``async with
-        store.hold(type, key, owner, ttl) as lease:``; see `pglease.fleet.hold_async`."""
+        store.hold(type, key, owner, ttl) as lease:``; see `pglease.runtime.hold_async`."""
         return runtime().hold_async(self, resource_type, key, owner, ttl, **options)
 
     async def acquire(
@@ -226,14 +226,14 @@ class AsyncSqliteStore:
         timeout: float | None = None,
         **options: Any,
     ) -> Claim:
-        """Wait for the lease and claim it; see `pglease.fleet.acquire_async`."""
+        """Wait for the lease and claim it; see `pglease.runtime.acquire_async`."""
         return await runtime().acquire_async(
             self, resource_type, key, owner, ttl, timeout, **options
         )
 
     async def elect(self, name: str, candidate: Owner, **options: Any) -> AsyncElection:
-        """Campaign for leadership of `name` (a running `pglease.fleet.AsyncElection`);
-        see `pglease.fleet.elect_async`."""
+        """Campaign for leadership of `name` (a running `pglease.runtime.AsyncElection`);
+        see `pglease.runtime.elect_async`."""
         election: AsyncElection = await runtime().elect_async(self, name, candidate, **options)
         return election
 

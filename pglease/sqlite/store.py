@@ -90,7 +90,7 @@ def _parse_event(row: Sequence[Any]) -> Event:
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
     from ..clock import Clock
-    from ..fleet import Election, HeldLease
+    from ..runtime import Election, HeldLease
     from .runtime import SqliteRuntime
     from .watch import SqliteWatcher
 
@@ -570,7 +570,7 @@ class SqliteStore:
         ).fetchall()
         return [_parse_event(r) for r in rows]
 
-    # --- fleet runtime (see pglease.fleet) -------------------------------------------
+    # --- fleet runtime (see pglease.runtime) -------------------------------------------
 
     def runtime_driver(self) -> SqliteRuntime:
         """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
@@ -584,7 +584,7 @@ class SqliteStore:
         self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
     ) -> AbstractContextManager[HeldLease]:
         """Hold a lease for a block, renewed by the store's keeper thread: ``with
-        store.hold(type, key, owner, ttl) as lease:``; see `pglease.fleet.hold`."""
+        store.hold(type, key, owner, ttl) as lease:``; see `pglease.runtime.hold`."""
         return runtime().hold(self, resource_type, key, owner, ttl, **options)
 
     def acquire(
@@ -597,12 +597,12 @@ class SqliteStore:
         **options: Any,
     ) -> Claim:
         """Wait for the lease and claim it (``fair=True``: in arrival order, across
-        processes); see `pglease.fleet.acquire`."""
+        processes); see `pglease.runtime.acquire`."""
         return runtime().acquire(self, resource_type, key, owner, ttl, timeout, **options)
 
     def elect(self, name: str, candidate: Owner, **options: Any) -> Election:
-        """Campaign for leadership of `name` (a running `pglease.fleet.Election`);
-        see `pglease.fleet.elect`."""
+        """Campaign for leadership of `name` (a running `pglease.runtime.Election`);
+        see `pglease.runtime.elect`."""
         election: Election = runtime().elect(self, name, candidate, **options)
         return election
 

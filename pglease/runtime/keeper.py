@@ -69,7 +69,7 @@ from ._keeper_core import SUPERSEDED, TRUST_CLOSED, KeeperCore, KeeperStats
 from ._timing import Timing, real_wait
 from .lease import AsyncHeldLease, HeldLease
 
-log = logging.getLogger("pglease.fleet")
+log = logging.getLogger("pglease.runtime")
 
 T = TypeVar("T")
 

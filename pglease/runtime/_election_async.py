@@ -1,7 +1,7 @@
 """Leader election, asyncio source: `_election` is its generated blocking twin.
 
 What an election is (campaign, term, deposition, resignation) is told in
-`pglease.fleet.election`, the public module. The flavours differ in where
+`pglease.runtime.election`, the public module. The flavours differ in where
 the campaign runs: a daemon thread for `Election`, a task on the running loop
 for `AsyncElection`, which `stop` may also cancel while it is still
 campaigning (the acquire cleans up after itself).
@@ -28,7 +28,7 @@ from ._timing import Timing, real_wait
 from .keeper import AsyncKeeper
 from .lease import AsyncHeldLease
 
-log = logging.getLogger("pglease.fleet")
+log = logging.getLogger("pglease.runtime")
 
 
 async def leader_async(store: Any, name: str) -> Leader | None:

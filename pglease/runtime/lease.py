@@ -30,7 +30,7 @@ from ..errors import LeaseLostError
 from ..types import Claim, Owner, Permit
 from ._timing import Timing, real_wait
 
-log = logging.getLogger("pglease.fleet")
+log = logging.getLogger("pglease.runtime")
 
 LostCallback = Callable[[LeaseLostError], object]
 

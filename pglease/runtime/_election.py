@@ -1,8 +1,8 @@
-# Generated from pglease/fleet/_election_async.py by tools/async_to_sync.py: do not edit.
+# Generated from pglease/runtime/_election_async.py by tools/async_to_sync.py: do not edit.
 """Leader election, asyncio source: `_election` is its generated blocking twin.
 
 What an election is (campaign, term, deposition, resignation) is told in
-`pglease.fleet.election`, the public module. The flavours differ in where
+`pglease.runtime.election`, the public module. The flavours differ in where
 the campaign runs: a daemon thread for `Election`, a task on the running loop
 for `AsyncElection`, which `stop` may also cancel while it is still
 campaigning (the acquire cleans up after itself).
@@ -29,7 +29,7 @@ from ._timing import Timing, real_wait
 from .keeper import Keeper
 from .lease import HeldLease
 
-log = logging.getLogger("pglease.fleet")
+log = logging.getLogger("pglease.runtime")
 
 
 def leader(store: Any, name: str) -> Leader | None:

@@ -9,7 +9,7 @@ from typing import Any
 from ..driver.runtime_api import Leader
 from ..types import ResourceState
 
-log = logging.getLogger("pglease.fleet")
+log = logging.getLogger("pglease.runtime")
 
 #: The resource type elections use; the election name is the key.
 ELECTION_TYPE = "election"

@@ -1,7 +1,7 @@
 """Blocking acquire and `hold`, asyncio source: `_acquire` is its generated twin.
 
 What the waiting means (wake-ups, fairness, busy rows, errors, clock) is told
-in `pglease.fleet.acquire`, the public module; what does not wait is shared
+in `pglease.runtime.acquire`, the public module; what does not wait is shared
 in `_acquire_core`. The flavours differ only where asyncio must shield work
 from a cancellation (a fair waiter's queue entry, the release on exit) and in
 `release_on_cancel`, which only a task can need.
@@ -39,7 +39,7 @@ from ._timing import Timing
 from .keeper import AsyncKeeper
 from .lease import AsyncHeldLease, LostCallback
 
-log = logging.getLogger("pglease.fleet")
+log = logging.getLogger("pglease.runtime")
 
 
 class AsyncLeaseStore(Protocol):

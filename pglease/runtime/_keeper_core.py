@@ -12,7 +12,7 @@ from ..clock import Clock
 from ..driver import HeartbeatItem, HeartbeatResult
 from .lease import _LeaseBase
 
-log = logging.getLogger("pglease.fleet")
+log = logging.getLogger("pglease.runtime")
 
 L = TypeVar("L", bound=_LeaseBase)
 
