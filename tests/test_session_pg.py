@@ -4,6 +4,8 @@ backend shares is in tests/conformance/test_sessions.py."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +32,21 @@ from pglease.sessions import (
 )
 
 from ._blocking import FLAVOURS, Flavour, open_flavour
+from ._fleet_proxy import FreezingProxy
 from .conformance.test_sessions import Clock, msg
+
+
+class Partition(FreezingProxy):
+    """A proxy that cuts its clients off: open connections freeze, new ones are refused."""
+
+    def cut(self) -> None:
+        self._stop.set()
+        # shutdown, not just close: it wakes the blocked accept() and stops
+        # listening at once (a plain close leaves the accepting thread's socket up).
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self.freeze()
 
 
 @pytest.fixture
@@ -318,13 +334,15 @@ def test_repository_argument_checks(flavour: Flavour, tmp_path: Path) -> None:
 
 
 def test_unreachable_database_closes_the_trust_window(flavour: Flavour) -> None:
-    """Renewals that keep failing (here: the handle's pool is gone) are retried
-    only until the lease may have run out; then the handle gives up."""
+    """Renewals that keep failing (here: the database is cut off, the keeper's
+    connection and the pool's alike) are retried only until the lease may have
+    run out; then the handle gives up."""
     lost = threading.Event()
-    store = flavour.store(max_size=2)
+    proxy = Partition(flavour.dsn)
+    store = flavour.store(max_size=2, dsn=proxy.dsn)
     repo = flavour.repo(store, lease_seconds=0.6, renew_interval=0.1, on_lost=lambda h: lost.set())
     session = repo.create("s")
-    store.close()
+    proxy.cut()
     assert lost.wait(5)
     assert session.lost.is_set()
     with pytest.raises(WriterLeaseLostError, match="could not be renewed"):
@@ -334,6 +352,8 @@ def test_unreachable_database_closes_the_trust_window(flavour: Flavour) -> None:
     time.sleep(0.7)
     with flavour.repo(renew_interval=None).open("s") as again:
         assert again.fence == 2
+    store.close()
+    proxy.close()
 
 
 @pytest.mark.parametrize(

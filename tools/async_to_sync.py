@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/_compat_async.py", "pglease/_compat.py"),
     ("pglease/_migrate_async.py", "pglease/_migrate.py"),
+    ("pglease/sessions/pg_lease_async.py", "pglease/sessions/pg_lease.py"),
     ("pglease/sessions/postgres_async.py", "pglease/sessions/postgres.py"),
     ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),

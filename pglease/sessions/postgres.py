@@ -11,15 +11,15 @@ by `tools/async_to_sync.py` (edit the asyncio source, then run the tool).
 - The writer lease is a pglease lease on the resource `("session", id)`, held
   by `Owner("session", "<host>/<pid>/<uuid7>")`, fresh for every handle (as the
   file format's owner_id is). Its TTL is `lease_seconds` (30 s), renewed every
-  `renew_interval` (15 s) in the background (an asyncio task; a daemon thread
-  in the blocking twin).
+  `renew_interval` (15 s) by the store's keeper, the one `hold()` uses
+  (`pg_lease`): a heartbeat, no revision bump, no event.
 - Every commit is one `mutate` of the store with the handle's lease: the fence
   check (owner, generation, token, expiry, under the lease row lock), the
   revision bump, the `session.commit` event and the session rows commit in one
   transaction. A commit does not extend the lease; the heartbeat does. (An
   extra renew per commit would cost a round trip, a revision and an event.)
-- A renew bumps the resource revision too, so the handle tracks the revision
-  it holds after every renew and commit.
+- A commit bumps the resource revision, so the handle tracks the revision it
+  holds after every commit (and adopts a moved one once, after the fence check).
 - Expiry is judged by the database clock. A lease that expired is lost even if
   nobody took it over: the next `open` gets a new generation.
 - Timestamps (`created_at`, entry timestamps) come from the database clock, so
@@ -36,7 +36,6 @@ the blocking flavour.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -49,8 +48,8 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .._compat import Background, Event, Lock, fetched_in_thread, thread_lock, to_thread
-from ..driver.protocol import HeartbeatItem
+from .._compat import Event, Lock, fetched_in_thread, thread_lock, to_thread
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import (
     AcquireTimeoutError,
     LeaseLostError,
@@ -61,6 +60,7 @@ from ..errors import (
 )
 from ..ids import resource_id
 from ..postgres import PostgresStore
+from ..runtime import HeldLease, Keeper, Timing
 from ..runtime.acquire import _acquire
 from ..types import Claim, Owner, Permit
 from ..validation import check_timeout
@@ -147,6 +147,7 @@ from .pg_core import (
 from .pg_core import (
     send as _send,
 )
+from .pg_lease import WriterLease, connected_keeper, writer_timing
 from .repository import (
     SUFFIX,
     SessionListing,
@@ -424,33 +425,6 @@ def _read_snapshot(conn: Conn, q: Sql, session_id: str) -> SessionSnapshot:
 # --- the handle ---------------------------------------------------------------------------
 
 
-def _renew_loop(ref: weakref.ref[PostgresSession], interval: float, background: Background) -> None:
-    """Background renewal, holding the handle weakly (a dropped handle's lease
-    expires). Transient errors are retried until the trust window closes."""
-    last = time.monotonic()
-    while not background.pause(interval):
-        handle = ref()
-        if handle is None:
-            return
-        try:
-            handle.renew()
-            now = time.monotonic()
-            if now - last > interval * 1.5:
-                log.warning(
-                    "session %s: lease renewal came %.3f s late", handle.id, now - last - interval
-                )
-            last = now
-        except (WriterLeaseLostError, SessionClosedError):
-            return
-        except PgleaseError as exc:  # unreachable, a time limit: retry while trusted
-            log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
-            if handle.trust_expired():
-                handle.give_up("its lease could not be renewed before it ran out")
-                return
-        finally:
-            del handle
-
-
 class PostgresSession(ConvenienceWrites):
     """A writer handle on a session in PostgreSQL, holding its writer lease.
 
@@ -464,8 +438,7 @@ class PostgresSession(ConvenienceWrites):
         *,
         repository: PostgresSessionRepository,
         session_id: str,
-        claim: Claim,
-        claimed_at: float,
+        lease: WriterLease,
         revision: int,
         next_seq: int,
     ) -> None:
@@ -473,24 +446,17 @@ class PostgresSession(ConvenienceWrites):
         self._store = repository.store
         self._q = repository._q
         self._id = session_id
-        self._rid = claim.resource_id
-        self._claim = claim
+        self._lease = lease
+        self._rid = lease.claim.resource_id
         self._revision = revision
         self._next_seq = next_seq
-        self._lease_seconds = repository.lease_seconds
-        # Trust the lease until `request start + ttl` on our monotonic clock.
-        self._trusted_until = claimed_at + repository.lease_seconds
         self._lock = Lock()  # one commit, renew or close at a time
-        self._lost_guard = thread_lock()  # the renewer and a commit may both find it lost
+        self._lost_guard = thread_lock()  # the keeper and a commit may both find it lost
         self._closed = False
         self._lost_reason = ""
         self.lost = Event()
-        self._renewer: Background | None = None
-        if repository.renew_interval is not None:
-            self._renewer = Background(
-                functools.partial(_renew_loop, weakref.ref(self), repository.renew_interval),
-                name=f"pglease-session-renew-{session_id}",
-            )
+        # The keeper holds the lease, not the handle: a dropped handle's lease runs out.
+        lease.watch(self, PostgresSession._keeper_lost)
 
     # -- identity --
 
@@ -502,6 +468,16 @@ class PostgresSession(ConvenienceWrites):
     def resource_id(self) -> str:
         """The pglease resource `("session", id)` carrying the writer lease."""
         return self._rid
+
+    @property
+    def _claim(self) -> Claim:
+        """The claim the handle writes with."""
+        return self._lease.claim
+
+    @property
+    def held(self) -> HeldLease | None:
+        """The store keeper's held lease (None with `renew_interval=None`)."""
+        return self._lease.held
 
     @property
     def owner_id(self) -> str:
@@ -540,6 +516,7 @@ class PostgresSession(ConvenienceWrites):
     def _usable(self) -> None:
         if self._closed:
             raise SessionClosedError(f"session {self._id} handle is closed")
+        self._lease.check()  # a trust window that closed unnoticed: lost now
         if self.lost.is_set():
             raise WriterLeaseLostError(
                 f"session {self._id}: writer lease was lost (fence {self.fence}"
@@ -548,12 +525,11 @@ class PostgresSession(ConvenienceWrites):
 
     def _mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
         with self._lost_guard:
-            first = not self.lost.is_set()
+            first = not self.lost.is_set() and not self._closed
             if first:
                 self._lost_reason = why
             self.lost.set()
-        if self._renewer is not None:
-            self._renewer.stop()
+        self._lease.stop(f"the session handle found it lost: {why}")
         if first and self._repo.on_lost is not None:
             try:
                 self._repo.on_lost(self)
@@ -564,43 +540,42 @@ class PostgresSession(ConvenienceWrites):
             f"fence {self.fence} {why})"
         )
 
+    def _keeper_lost(self, error: LeaseLostError) -> None:
+        """The keeper lost the lease (its verdict, or the trust window closed)."""
+        if self._lease.window_closed():
+            self._mark_lost(f"its lease could not be renewed before it ran out: {error}")
+        else:
+            self._mark_lost(f"no longer current: {error}")
+
     def trust_expired(self) -> bool:
         """True once the lease may have run out by our own monotonic clock."""
-        return time.monotonic() >= self._trusted_until
+        return self._lease.trust_expired()
 
     def give_up(self, why: str) -> None:
-        """Stop trusting the lease (called by the renewer)."""
+        """Stop trusting the lease: the handle is lost from now on."""
         self._mark_lost(why)
 
     def renew(self) -> None:
-        """Extend the lease by `lease_seconds`; a lost lease -> `WriterLeaseLostError`."""
+        """Extend the lease by `lease_seconds` now (the keeper does it every
+        `renew_interval` anyway): a heartbeat, no revision bump, no event.
+        A lost lease -> `WriterLeaseLostError`."""
         with self._lock:
             self._usable()
-            started = time.monotonic()
-            # A heartbeat, not store.renew(): it extends the expiry only, so an
-            # open session bumps no revision and writes no event while it idles.
-            item = HeartbeatItem(self._claim, self._lease_seconds)
-            [beat] = self._store.runtime_driver().heartbeat([item])
-            if beat.status == "busy":
-                # The lease row is locked by a write in flight; the loop retries.
+            status = self._lease.renew()
+            if status == "busy":
+                # The lease row is locked by a write in flight: nothing changed.
                 raise LockTimeoutError(
                     f"session {self._id}: the writer lease row was locked during renewal"
                 )
-            if beat.status != "renewed" or beat.expires_at is None:
-                raise self._mark_lost(f"no longer current: the heartbeat found it {beat.status}")
-            self._claim = dataclasses.replace(self._claim, expires_at=beat.expires_at)
-            self._trusted_until = started + self._lease_seconds
+            if status != "renewed":
+                raise self._mark_lost(f"no longer current: the heartbeat found it {status}")
 
     def close(self) -> None:
         """Stop renewing, release the lease (if still ours); the handle is done."""
         with self._lock:
             if self._closed:
                 return
-        if self._renewer is not None:
-            self._renewer.join()  # not under the lock: a renew in flight takes it
-        with self._lock:
-            if self._closed:
-                return
+            self._lease.stop("released: the session handle was closed")
             try:
                 if not self.lost.is_set():
                     self._store.release(self._claim)
@@ -812,7 +787,11 @@ class PostgresSessionRepository:
     """Sessions in the `session_*` tables of an open store's schema.
 
     `lease_seconds` / `renew_interval` set the writer lease of the handles it
-    opens (30 s / 15 s; `renew_interval=None` disables background renewal).
+    opens (30 s / 15 s): the store's keeper, the one `hold()` uses, renews it
+    every `renew_interval` (see `pg_lease`); `renew_interval=None` disables
+    background renewal (only `handle.renew()` extends it). `clock` (a
+    `pglease.clock.Clock`, the system clock by default) decides trust windows
+    and renewal times, and picks the keeper (one per store and clock).
     `now_ms`, when given, replaces the database clock for timestamps (tests);
     lease expiry is always judged by the database clock. `on_lost` is called
     when a handle finds its lease lost. Imports commit `import_chunk_entries`
@@ -830,6 +809,7 @@ class PostgresSessionRepository:
         on_lost: Callable[[PostgresSession], None] | None = None,
         import_chunk_entries: int = IMPORT_CHUNK,
         import_stale_after: float = IMPORT_STALE_AFTER,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -840,12 +820,16 @@ class PostgresSessionRepository:
         self.store = store
         self.lease_seconds = lease_seconds
         self.renew_interval = renew_interval
+        self._timing: Timing | None = (
+            None if renew_interval is None else writer_timing(lease_seconds, renew_interval)
+        )
+        self.clock = clock
         self.now_ms = now_ms
         self.on_lost = on_lost
         self.import_chunk_entries = check_chunk_size(import_chunk_entries, "import_chunk_entries")
         self.import_stale_after = check_stale_after(import_stale_after)
         self._q = Sql(store.schema)
-        self._lock = thread_lock()  # handles close themselves from their renewers
+        self._lock = thread_lock()  # handles found lost by the keeper's thread close too
         self._open: weakref.WeakSet[PostgresSession] = weakref.WeakSet()
 
     def __enter__(self) -> PostgresSessionRepository:
@@ -890,8 +874,11 @@ class PostgresSessionRepository:
         once or, with `wait`, after waiting that long through the fleet runtime's
         acquire (woken by the holder's release or expiry, not a poll)."""
         owner = Owner(OWNER_TYPE, new_owner_id())
+        if self._timing is not None:
+            # Before claiming, as `hold` does: no lease this host cannot renew.
+            connected_keeper(self.store, self.clock)
         if wait is None:
-            started = time.monotonic()
+            started = self.clock.monotonic()
             claim = self.store.claim(rid, owner, self.lease_seconds)
             if claim is None:
                 raise self._held_error(session_id, rid)
@@ -906,6 +893,7 @@ class PostgresSessionRepository:
                 wait,
                 fair=False,
                 use_watcher=True,
+                clock=self.clock,
             )
         except AcquireTimeoutError:
             raise self._held_error(session_id, rid) from None
@@ -913,11 +901,15 @@ class PostgresSessionRepository:
     def _handle(
         self, session_id: str, claim: Claim, started: float, revision: int, next_seq: int
     ) -> PostgresSession:
+        """A handle on a claimed lease, which the store's keeper renews from now on."""
+        keeper = None if self._timing is None else Keeper.for_store(self.store, self.clock)
+        lease = WriterLease(
+            self.store, claim, started, self.lease_seconds, self.clock, keeper, self._timing
+        )
         handle = PostgresSession(
             repository=self,
             session_id=session_id,
-            claim=claim,
-            claimed_at=started,
+            lease=lease,
             revision=revision,
             next_seq=next_seq,
         )

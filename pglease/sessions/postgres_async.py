@@ -10,15 +10,15 @@ by `tools/async_to_sync.py` (edit the asyncio source, then run the tool).
 - The writer lease is a pglease lease on the resource `("session", id)`, held
   by `Owner("session", "<host>/<pid>/<uuid7>")`, fresh for every handle (as the
   file format's owner_id is). Its TTL is `lease_seconds` (30 s), renewed every
-  `renew_interval` (15 s) in the background (an asyncio task; a daemon thread
-  in the blocking twin).
+  `renew_interval` (15 s) by the store's keeper, the one `hold()` uses
+  (`pg_lease`): a heartbeat, no revision bump, no event.
 - Every commit is one `mutate` of the store with the handle's lease: the fence
   check (owner, generation, token, expiry, under the lease row lock), the
   revision bump, the `session.commit` event and the session rows commit in one
   transaction. A commit does not extend the lease; the heartbeat does. (An
   extra renew per commit would cost a round trip, a revision and an event.)
-- A renew bumps the resource revision too, so the handle tracks the revision
-  it holds after every renew and commit.
+- A commit bumps the resource revision, so the handle tracks the revision it
+  holds after every commit (and adopts a moved one once, after the fence check).
 - Expiry is judged by the database clock. A lease that expired is lost even if
   nobody took it over: the next `open` gets a new generation.
 - Timestamps (`created_at`, entry timestamps) come from the database clock, so
@@ -35,7 +35,6 @@ the blocking flavour.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -48,8 +47,8 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .._compat_async import Background, Event, Lock, fetched_in_thread, thread_lock, to_thread
-from ..driver.protocol import HeartbeatItem
+from .._compat_async import Event, Lock, fetched_in_thread, thread_lock, to_thread
+from ..clock import SYSTEM_CLOCK, Clock
 from ..errors import (
     AcquireTimeoutError,
     LeaseLostError,
@@ -60,6 +59,7 @@ from ..errors import (
 )
 from ..ids import resource_id
 from ..postgres import AsyncPostgresStore
+from ..runtime import AsyncHeldLease, AsyncKeeper, Timing
 from ..runtime.acquire import _acquire_async
 from ..types import Claim, Owner, Permit
 from ..validation import check_timeout
@@ -146,6 +146,7 @@ from .pg_core import (
     translate_unique,
     usage_from_row,
 )
+from .pg_lease_async import AsyncWriterLease, connected_keeper, writer_timing
 from .repository import (
     SUFFIX,
     SessionListing,
@@ -449,35 +450,6 @@ async def _read_snapshot(conn: Conn, q: Sql, session_id: str) -> SessionSnapshot
 # --- the handle ---------------------------------------------------------------------------
 
 
-async def _renew_loop(
-    ref: weakref.ref[AsyncPostgresSession], interval: float, background: Background
-) -> None:
-    """Background renewal, holding the handle weakly (a dropped handle's lease
-    expires). Transient errors are retried until the trust window closes."""
-    last = time.monotonic()
-    while not await background.pause(interval):
-        handle = ref()
-        if handle is None:
-            return
-        try:
-            await handle.renew()
-            now = time.monotonic()
-            if now - last > interval * 1.5:
-                log.warning(
-                    "session %s: lease renewal came %.3f s late", handle.id, now - last - interval
-                )
-            last = now
-        except (WriterLeaseLostError, SessionClosedError):
-            return
-        except PgleaseError as exc:  # unreachable, a time limit: retry while trusted
-            log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
-            if handle.trust_expired():
-                handle.give_up("its lease could not be renewed before it ran out")
-                return
-        finally:
-            del handle
-
-
 class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
     """A writer handle on a session in PostgreSQL, holding its writer lease.
 
@@ -491,8 +463,7 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
         *,
         repository: AsyncPostgresSessionRepository,
         session_id: str,
-        claim: Claim,
-        claimed_at: float,
+        lease: AsyncWriterLease,
         revision: int,
         next_seq: int,
     ) -> None:
@@ -500,24 +471,17 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
         self._store = repository.store
         self._q = repository._q
         self._id = session_id
-        self._rid = claim.resource_id
-        self._claim = claim
+        self._lease = lease
+        self._rid = lease.claim.resource_id
         self._revision = revision
         self._next_seq = next_seq
-        self._lease_seconds = repository.lease_seconds
-        # Trust the lease until `request start + ttl` on our monotonic clock.
-        self._trusted_until = claimed_at + repository.lease_seconds
         self._lock = Lock()  # one commit, renew or close at a time
-        self._lost_guard = thread_lock()  # the renewer and a commit may both find it lost
+        self._lost_guard = thread_lock()  # the keeper and a commit may both find it lost
         self._closed = False
         self._lost_reason = ""
         self.lost = Event()
-        self._renewer: Background | None = None
-        if repository.renew_interval is not None:
-            self._renewer = Background(
-                functools.partial(_renew_loop, weakref.ref(self), repository.renew_interval),
-                name=f"pglease-session-renew-{session_id}",
-            )
+        # The keeper holds the lease, not the handle: a dropped handle's lease runs out.
+        lease.watch(self, AsyncPostgresSession._keeper_lost)
 
     # -- identity --
 
@@ -529,6 +493,16 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
     def resource_id(self) -> str:
         """The pglease resource `("session", id)` carrying the writer lease."""
         return self._rid
+
+    @property
+    def _claim(self) -> Claim:
+        """The claim the handle writes with."""
+        return self._lease.claim
+
+    @property
+    def held(self) -> AsyncHeldLease | None:
+        """The store keeper's held lease (None with `renew_interval=None`)."""
+        return self._lease.held
 
     @property
     def owner_id(self) -> str:
@@ -567,6 +541,7 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
     def _usable(self) -> None:
         if self._closed:
             raise SessionClosedError(f"session {self._id} handle is closed")
+        self._lease.check()  # a trust window that closed unnoticed: lost now
         if self.lost.is_set():
             raise WriterLeaseLostError(
                 f"session {self._id}: writer lease was lost (fence {self.fence}"
@@ -575,12 +550,11 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
 
     def _mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
         with self._lost_guard:
-            first = not self.lost.is_set()
+            first = not self.lost.is_set() and not self._closed
             if first:
                 self._lost_reason = why
             self.lost.set()
-        if self._renewer is not None:
-            self._renewer.stop()
+        self._lease.stop(f"the session handle found it lost: {why}")
         if first and self._repo.on_lost is not None:
             try:
                 self._repo.on_lost(self)
@@ -591,43 +565,42 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
             f"fence {self.fence} {why})"
         )
 
+    def _keeper_lost(self, error: LeaseLostError) -> None:
+        """The keeper lost the lease (its verdict, or the trust window closed)."""
+        if self._lease.window_closed():
+            self._mark_lost(f"its lease could not be renewed before it ran out: {error}")
+        else:
+            self._mark_lost(f"no longer current: {error}")
+
     def trust_expired(self) -> bool:
         """True once the lease may have run out by our own monotonic clock."""
-        return time.monotonic() >= self._trusted_until
+        return self._lease.trust_expired()
 
     def give_up(self, why: str) -> None:
-        """Stop trusting the lease (called by the renewer)."""
+        """Stop trusting the lease: the handle is lost from now on."""
         self._mark_lost(why)
 
     async def renew(self) -> None:
-        """Extend the lease by `lease_seconds`; a lost lease -> `WriterLeaseLostError`."""
+        """Extend the lease by `lease_seconds` now (the keeper does it every
+        `renew_interval` anyway): a heartbeat, no revision bump, no event.
+        A lost lease -> `WriterLeaseLostError`."""
         async with self._lock:
             self._usable()
-            started = time.monotonic()
-            # A heartbeat, not store.renew(): it extends the expiry only, so an
-            # open session bumps no revision and writes no event while it idles.
-            item = HeartbeatItem(self._claim, self._lease_seconds)
-            [beat] = await self._store.runtime_driver().heartbeat([item])
-            if beat.status == "busy":
-                # The lease row is locked by a write in flight; the loop retries.
+            status = await self._lease.renew()
+            if status == "busy":
+                # The lease row is locked by a write in flight: nothing changed.
                 raise LockTimeoutError(
                     f"session {self._id}: the writer lease row was locked during renewal"
                 )
-            if beat.status != "renewed" or beat.expires_at is None:
-                raise self._mark_lost(f"no longer current: the heartbeat found it {beat.status}")
-            self._claim = dataclasses.replace(self._claim, expires_at=beat.expires_at)
-            self._trusted_until = started + self._lease_seconds
+            if status != "renewed":
+                raise self._mark_lost(f"no longer current: the heartbeat found it {status}")
 
     async def close(self) -> None:
         """Stop renewing, release the lease (if still ours); the handle is done."""
         async with self._lock:
             if self._closed:
                 return
-        if self._renewer is not None:
-            await self._renewer.join()  # not under the lock: a renew in flight takes it
-        async with self._lock:
-            if self._closed:
-                return
+            self._lease.stop("released: the session handle was closed")
             try:
                 if not self.lost.is_set():
                     await self._store.release(self._claim)
@@ -868,7 +841,11 @@ class AsyncPostgresSessionRepository:
     """Sessions in the `session_*` tables of an open store's schema.
 
     `lease_seconds` / `renew_interval` set the writer lease of the handles it
-    opens (30 s / 15 s; `renew_interval=None` disables background renewal).
+    opens (30 s / 15 s): the store's keeper, the one `hold()` uses, renews it
+    every `renew_interval` (see `pg_lease`); `renew_interval=None` disables
+    background renewal (only `handle.renew()` extends it). `clock` (a
+    `pglease.clock.Clock`, the system clock by default) decides trust windows
+    and renewal times, and picks the keeper (one per store and clock).
     `now_ms`, when given, replaces the database clock for timestamps (tests);
     lease expiry is always judged by the database clock. `on_lost` is called
     when a handle finds its lease lost. Imports commit `import_chunk_entries`
@@ -886,6 +863,7 @@ class AsyncPostgresSessionRepository:
         on_lost: Callable[[AsyncPostgresSession], None] | None = None,
         import_chunk_entries: int = IMPORT_CHUNK,
         import_stale_after: float = IMPORT_STALE_AFTER,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -896,12 +874,16 @@ class AsyncPostgresSessionRepository:
         self.store = store
         self.lease_seconds = lease_seconds
         self.renew_interval = renew_interval
+        self._timing: Timing | None = (
+            None if renew_interval is None else writer_timing(lease_seconds, renew_interval)
+        )
+        self.clock = clock
         self.now_ms = now_ms
         self.on_lost = on_lost
         self.import_chunk_entries = check_chunk_size(import_chunk_entries, "import_chunk_entries")
         self.import_stale_after = check_stale_after(import_stale_after)
         self._q = Sql(store.schema)
-        self._lock = thread_lock()  # handles close themselves from their renewers
+        self._lock = thread_lock()  # handles found lost by the keeper's thread close too
         self._open: weakref.WeakSet[AsyncPostgresSession] = weakref.WeakSet()
 
     async def __aenter__(self) -> AsyncPostgresSessionRepository:
@@ -946,8 +928,11 @@ class AsyncPostgresSessionRepository:
         once or, with `wait`, after waiting that long through the fleet runtime's
         acquire (woken by the holder's release or expiry, not a poll)."""
         owner = Owner(OWNER_TYPE, new_owner_id())
+        if self._timing is not None:
+            # Before claiming, as `hold` does: no lease this host cannot renew.
+            await connected_keeper(self.store, self.clock)
         if wait is None:
-            started = time.monotonic()
+            started = self.clock.monotonic()
             claim = await self.store.claim(rid, owner, self.lease_seconds)
             if claim is None:
                 raise await self._held_error(session_id, rid)
@@ -962,6 +947,7 @@ class AsyncPostgresSessionRepository:
                 wait,
                 fair=False,
                 use_watcher=True,
+                clock=self.clock,
             )
         except AcquireTimeoutError:
             raise await self._held_error(session_id, rid) from None
@@ -969,11 +955,15 @@ class AsyncPostgresSessionRepository:
     def _handle(
         self, session_id: str, claim: Claim, started: float, revision: int, next_seq: int
     ) -> AsyncPostgresSession:
+        """A handle on a claimed lease, which the store's keeper renews from now on."""
+        keeper = None if self._timing is None else AsyncKeeper.for_store(self.store, self.clock)
+        lease = AsyncWriterLease(
+            self.store, claim, started, self.lease_seconds, self.clock, keeper, self._timing
+        )
         handle = AsyncPostgresSession(
             repository=self,
             session_id=session_id,
-            claim=claim,
-            claimed_at=started,
+            lease=lease,
             revision=revision,
             next_seq=next_seq,
         )
