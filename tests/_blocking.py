@@ -168,7 +168,8 @@ class Flavour:
         return isinstance(unwrap(handle), kind)
 
     def renewers(self) -> list[str]:
-        """Names of the session heartbeats still running (threads or tasks)."""
+        """Names of per-handle session renewers still running (threads or tasks): file
+        sessions have them; PostgreSQL sessions are renewed by the store's keeper."""
         names = (
             [t.name for t in threading.enumerate()] if self.loop is None else self.loop.task_names()
         )

@@ -31,7 +31,7 @@ from pglease.sessions import (
     WriterLeaseLostError,
 )
 
-from ._blocking import FLAVOURS, Flavour, open_flavour
+from ._blocking import FLAVOURS, Flavour, open_flavour, unwrap
 from ._fleet_proxy import FreezingProxy
 from .conformance.test_sessions import Clock, msg
 
@@ -210,11 +210,15 @@ def test_background_renewal_keeps_the_lease(pg_store: PostgresStore, flavour: Fl
     # 2 s rather than less: one stall of a loaded host must not lose it.
     repo = flavour.repo(lease_seconds=2, renew_interval=0.25)
     with repo.create("s") as session:
+        keeper = unwrap(session)._lease.keeper  # the store's, shared with hold()
+        assert keeper is not None and len(keeper) == 1
         time.sleep(2.5)
         assert not session.lost.is_set()
+        assert session.held.renewals >= 1  # renewed by the keeper, past the first ttl
         session.append_message(None, msg("still mine"))
         assert session.revision == pg_store.get(session.resource_id).revision
-    assert flavour.renewers() == []
+    assert len(keeper) == 0  # closing took it out of the keeper
+    assert flavour.renewers() == []  # and no renewer of its own ever ran
 
 
 def test_wait_for_the_lease(flavour: Flavour) -> None:
