@@ -117,6 +117,7 @@ class AsyncWriterLease:
 
         held.on_lost(on_lost)
         self._finalizer = weakref.finalize(handle, _drop, keeper, held)
+        self._finalizer.atexit = False  # at exit nothing renews anyway
 
     def trust_expired(self) -> bool:
         """True once the lease may have run out by the local clock."""
