@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 
 from pglease import AsyncPostgresStore, PostgresStore
+from pglease.runtime import AsyncKeeper
 from pglease.sessions import (
     AsyncPostgresSession,
     AsyncPostgresSessionRepository,
@@ -134,15 +135,17 @@ class Flavour:
     def is_async(self) -> bool:
         return self.loop is not None
 
-    def store(self, **options: Any) -> Any:
-        """A new open store on the test's schema (closed at teardown)."""
+    def store(self, dsn: str | None = None, **options: Any) -> Any:
+        """A new open store on the test's schema (closed at teardown); `dsn`
+        overrides the server's (a proxy in front of it)."""
+        dsn = self.dsn if dsn is None else dsn
         if self.loop is None:
-            store: Any = PostgresStore(self.dsn, schema=self.schema, **options)
+            store: Any = PostgresStore(dsn, schema=self.schema, **options)
         else:
             loop = self.loop
 
             async def open_store() -> AsyncPostgresStore:
-                return await AsyncPostgresStore.open(self.dsn, schema=self.schema, **options)
+                return await AsyncPostgresStore.open(dsn, schema=self.schema, **options)
 
             store = Blocking(loop.run(open_store()), loop)
         self._stores.append(store)
@@ -165,7 +168,8 @@ class Flavour:
         return isinstance(unwrap(handle), kind)
 
     def renewers(self) -> list[str]:
-        """Names of the session heartbeats still running (threads or tasks)."""
+        """Names of per-handle session renewers still running (threads or tasks): file
+        sessions have them; PostgreSQL sessions are renewed by the store's keeper."""
         names = (
             [t.name for t in threading.enumerate()] if self.loop is None else self.loop.task_names()
         )
@@ -175,7 +179,19 @@ class Flavour:
         for store in reversed(self._stores):
             store.close()  # harmless when the test closed it already
         if self.loop is not None:
-            self.loop.close()
+            loop = self.loop
+
+            async def close_keepers() -> None:
+                # The keepers sessions and holds shared on this loop: a task
+                # left pending when the loop closes would be destroyed noisily.
+                for store in self._stores:
+                    per_loop = AsyncKeeper._shared.get(unwrap(store), {})
+                    for (keeper_loop, _), keeper in list(per_loop.items()):
+                        if keeper_loop is loop.loop:
+                            await keeper.aclose()
+
+            loop.run(close_keepers())
+            loop.close()
 
 
 def open_flavour(request: pytest.FixtureRequest) -> Iterator[Flavour]:

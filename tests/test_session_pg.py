@@ -4,6 +4,8 @@ backend shares is in tests/conformance/test_sessions.py."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -29,8 +31,22 @@ from pglease.sessions import (
     WriterLeaseLostError,
 )
 
-from ._blocking import FLAVOURS, Flavour, open_flavour
+from ._blocking import FLAVOURS, Flavour, open_flavour, unwrap
+from ._fleet_proxy import FreezingProxy
 from .conformance.test_sessions import Clock, msg
+
+
+class Partition(FreezingProxy):
+    """A proxy that cuts its clients off: open connections freeze, new ones are refused."""
+
+    def cut(self) -> None:
+        self._stop.set()
+        # shutdown, not just close: it wakes the blocked accept() and stops
+        # listening at once (a plain close leaves the accepting thread's socket up).
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self.freeze()
 
 
 @pytest.fixture
@@ -194,11 +210,15 @@ def test_background_renewal_keeps_the_lease(pg_store: PostgresStore, flavour: Fl
     # 2 s rather than less: one stall of a loaded host must not lose it.
     repo = flavour.repo(lease_seconds=2, renew_interval=0.25)
     with repo.create("s") as session:
+        keeper = unwrap(session)._lease.keeper  # the store's, shared with hold()
+        assert keeper is not None and len(keeper) == 1
         time.sleep(2.5)
         assert not session.lost.is_set()
+        assert session.held.renewals >= 1  # renewed by the keeper, past the first ttl
         session.append_message(None, msg("still mine"))
         assert session.revision == pg_store.get(session.resource_id).revision
-    assert flavour.renewers() == []
+    assert len(keeper) == 0  # closing took it out of the keeper
+    assert flavour.renewers() == []  # and no renewer of its own ever ran
 
 
 def test_wait_for_the_lease(flavour: Flavour) -> None:
@@ -318,13 +338,15 @@ def test_repository_argument_checks(flavour: Flavour, tmp_path: Path) -> None:
 
 
 def test_unreachable_database_closes_the_trust_window(flavour: Flavour) -> None:
-    """Renewals that keep failing (here: the handle's pool is gone) are retried
-    only until the lease may have run out; then the handle gives up."""
+    """Renewals that keep failing (here: the database is cut off, the keeper's
+    connection and the pool's alike) are retried only until the lease may have
+    run out; then the handle gives up."""
     lost = threading.Event()
-    store = flavour.store(max_size=2)
+    proxy = Partition(flavour.dsn)
+    store = flavour.store(max_size=2, dsn=proxy.dsn)
     repo = flavour.repo(store, lease_seconds=0.6, renew_interval=0.1, on_lost=lambda h: lost.set())
     session = repo.create("s")
-    store.close()
+    proxy.cut()
     assert lost.wait(5)
     assert session.lost.is_set()
     with pytest.raises(WriterLeaseLostError, match="could not be renewed"):
@@ -334,6 +356,8 @@ def test_unreachable_database_closes_the_trust_window(flavour: Flavour) -> None:
     time.sleep(0.7)
     with flavour.repo(renew_interval=None).open("s") as again:
         assert again.fence == 2
+    store.close()
+    proxy.close()
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/_compat_async.py", "pglease/_compat.py"),
     ("pglease/_migrate_async.py", "pglease/_migrate.py"),
-    ("pglease/sessions/postgres_async.py", "pglease/sessions/postgres.py"),
+    ("pglease/sessions/pg_base_async.py", "pglease/sessions/pg_base.py"),
+    ("pglease/sessions/pg_handle_async.py", "pglease/sessions/pg_handle.py"),
+    ("pglease/sessions/pg_io_async.py", "pglease/sessions/pg_io.py"),
+    ("pglease/sessions/pg_lease_async.py", "pglease/sessions/pg_lease.py"),
+    ("pglease/sessions/pg_repository_async.py", "pglease/sessions/pg_repository.py"),
+    ("pglease/sessions/pg_transfers_async.py", "pglease/sessions/pg_transfers.py"),
     ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
     ("pglease/postgres/async_store.py", "pglease/postgres/store.py"),
