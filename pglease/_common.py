@@ -12,17 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from .cursors import Position, encode_cursor, fingerprint, parse_cursor
-from .driver.ops import (
-    ClaimOp,
-    EnsureOp,
-    EventsOp,
-    GetOp,
-    ListOp,
-    MutateOp,
-    ReadLogOp,
-    ReleaseOp,
-    RenewOp,
-)
+from .driver import ops
 from .errors import InvalidOwnerError, LeaseMismatchError, ValidationError
 from .ids import new_token, token_hash
 from .payloads import canonical_payload, decode_payload
@@ -53,8 +43,8 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-def ensure_op(resource_type: str, key: str) -> EnsureOp:
-    return EnsureOp(check_resource_type(resource_type), check_key(key))
+def ensure_op(resource_type: str, key: str) -> ops.EnsureOp:
+    return ops.EnsureOp(check_resource_type(resource_type), check_key(key))
 
 
 def ensure_args(resource_type: str, key: str) -> tuple[str, str]:
@@ -67,13 +57,13 @@ def claim_op(
     ttl: float,
     expected_revision: int | None,
     now: datetime | None,
-) -> ClaimOp:
+) -> ops.ClaimOp:
     """The checked claim, with a fresh token and its sha256."""
     check_resource_id(resource_id)
     if not isinstance(owner, Owner):
         raise ValidationError(f"owner must be an Owner, got {type(owner).__name__}")
     token = new_token()
-    return ClaimOp(
+    return ops.ClaimOp(
         resource_id,
         owner,
         token,
@@ -94,7 +84,13 @@ def claim_args(
     """A fresh token and ``[resource, owner type, owner id, token sha256, ttl,
     expected revision, now]`` (`claim_op` as the SQL function's arguments)."""
     op = claim_op(resource_id, owner, ttl, expected_revision, now)
-    return op.token, [
+    return op.token, claim_row(op)
+
+
+def claim_row(op: ops.ClaimOp) -> list[Any]:
+    """A claim as the SQL function's arguments, in its order."""
+    owner = op.owner
+    return [
         op.resource_id,
         owner.type,
         owner.id,
@@ -119,9 +115,9 @@ def check_claim(claim: Claim) -> Claim:
 
 def renew_op(
     claim: Claim, ttl: float, expected_revision: int | None, now: datetime | None
-) -> RenewOp:
+) -> ops.RenewOp:
     check_claim(claim)
-    return RenewOp(
+    return ops.RenewOp(
         claim,
         token_hash(claim.token),
         check_ttl(ttl),
@@ -130,9 +126,9 @@ def renew_op(
     )
 
 
-def release_op(claim: Claim, expected_revision: int | None, now: datetime | None) -> ReleaseOp:
+def release_op(claim: Claim, expected_revision: int | None, now: datetime | None) -> ops.ReleaseOp:
     check_claim(claim)
-    return ReleaseOp(
+    return ops.ReleaseOp(
         claim, token_hash(claim.token), check_optional_revision(expected_revision), check_now(now)
     )
 
@@ -143,7 +139,7 @@ def mutate_op(
     payload: Any,
     actor: Owner | None,
     now: datetime | None,
-) -> MutateOp:
+) -> ops.MutateOp:
     """The checked mutation: the lease's token hash (None for an unleased write)
     and the payload's canonical text."""
     if not isinstance(permit, Permit):
@@ -170,32 +166,32 @@ def mutate_op(
             )
     body = None if payload is None else canonical_payload(payload).text
     sha = token_hash(lease.token) if lease is not None else None
-    return MutateOp(permit, event_type, sha, actor, body, check_now(now))
+    return ops.MutateOp(permit, event_type, sha, actor, body, check_now(now))
 
 
-def get_op(resource_id: str, now: datetime | None) -> GetOp:
-    return GetOp(check_resource_id(resource_id), check_now(now))
+def get_op(resource_id: str, now: datetime | None) -> ops.GetOp:
+    return ops.GetOp(check_resource_id(resource_id), check_now(now))
 
 
-def list_op(resource_type: str | None, now: datetime | None) -> ListOp:
+def list_op(resource_type: str | None, now: datetime | None) -> ops.ListOp:
     now = check_now(now)
     if resource_type is not None:
         check_resource_type(resource_type)
-    return ListOp(resource_type, now)
+    return ops.ListOp(resource_type, now)
 
 
-def events_op(resource_id: str, after_revision: int, limit: int) -> EventsOp:
-    return EventsOp(
+def events_op(resource_id: str, after_revision: int, limit: int) -> ops.EventsOp:
+    return ops.EventsOp(
         check_resource_id(resource_id),
         check_revision(after_revision, "after_revision"),
         check_limit(limit),
     )
 
 
-def read_log_op(cursor: str | None, limit: int) -> ReadLogOp:
+def read_log_op(cursor: str | None, limit: int) -> ops.ReadLogOp:
     """The parsed cursor; the driver checks its position against its own log."""
     parsed = parse_cursor(cursor)
-    return ReadLogOp(parsed, check_limit(limit))
+    return ops.ReadLogOp(parsed, check_limit(limit))
 
 
 def parse_resource(row: Sequence[Any]) -> ResourceState:

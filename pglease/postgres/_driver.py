@@ -21,25 +21,14 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool
 
-from .. import cursor_check
-from ..driver.ops import (
-    ClaimOp,
-    EnsureOp,
-    EventsOp,
-    GetOp,
-    ListOp,
-    MutateOp,
-    ReadLogOp,
-    ReleaseOp,
-    RenewOp,
-)
+from .. import _common, cursor_check
+from ..driver import ops
 from ..dsn import resolve_dsn
 from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
 from ..migrations import migrate, migration_state
 from ..types import Claim, Event, MutationResult, ResourceState
-from ..validation import check_positive_seconds, check_schema_name
 from . import _core
-from ._core import DEFAULT_SCHEMA, Queries
+from ._core import Queries
 from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, NotSentError, from_micros
 from ._reuse import ConnectionStack, discard
 
@@ -58,24 +47,20 @@ class PgDriver:
 
     def __init__(
         self,
-        dsn: str | None = None,
+        dsn: str | None,
+        schema: str,
+        pooler: bool,
+        connect_timeout: float,
+        limits: _core.Limits,
         *,
-        schema: str = DEFAULT_SCHEMA,
-        min_size: int = 1,
-        max_size: int = 16,
-        auto_migrate: bool = True,
-        connect_timeout: float = 10.0,
-        statement_timeout: float | None = 30.0,
-        lock_timeout: float | None = 10.0,
-        pool_timeout: float = 30.0,
-        pooler: bool = False,
+        min_size: int,
+        auto_migrate: bool,
     ) -> None:
-        self.schema = check_schema_name(schema)
-        #: Pooler mode (``pooler=True`` or ``PGLEASE_POOLER=transaction``): safe
-        #: behind a transaction-pooling pooler; README "Deployment: PgBouncer".
-        self.pooler = _core.pooler_mode(pooler)
-        connect_timeout = check_positive_seconds(connect_timeout, "connect_timeout")
-        self._limits = _core.Limits.of(statement_timeout, lock_timeout, pool_timeout, max_size)
+        """Arguments checked by the store: `pooler` is the mode in force, `limits`
+        carry the pool's `max_size`."""
+        self.schema = schema
+        self.pooler = pooler
+        self._limits = limits
         self._dsn = dsn
         self._q = Queries(schema)
         #: Pooler mode: the limits as SET LOCAL, run first in each mutate transaction.
@@ -91,7 +76,7 @@ class PgDriver:
             pooler=self.pooler,
         )
         self._min_size = min_size
-        self._max_size = max_size
+        self._max_size = limits.max_size
         self._auto_migrate = auto_migrate
         self._connect_timeout = connect_timeout
         self._pool: ConnectionPool[Conn] | None = None
@@ -285,61 +270,41 @@ class PgDriver:
 
         return self._read(run, bounded=False)  # idempotent; migrators wait on purpose
 
-    def ensure_resource(self, op: EnsureOp) -> str:
+    def ensure_resource(self, op: ops.EnsureOp) -> str:
         row = self._row(self._q.ensure, [op.resource_type, op.key])
         assert row is not None  # the statement always returns the id
         return str(row[0])
 
-    def claim(self, op: ClaimOp) -> Claim | None:
-        owner = op.owner
-        args = [
-            op.resource_id,
-            owner.type,
-            owner.id,
-            op.token_sha256,
-            op.ttl,
-            op.expected_revision,
-            op.now,
-        ]
-        unknown = _core.claim_unknown(op.resource_id, owner, op.token, op.ttl, self.dsn)
-        claimed, generation, expires_at, revision = self._write(CLAIM, args, unknown)
+    def claim(self, op: ops.ClaimOp) -> Claim | None:
+        unknown = _core.claim_unknown(op.resource_id, op.owner, op.token, op.ttl, self.dsn)
+        claimed, generation, expires_at, revision = self._write(
+            CLAIM, _common.claim_row(op), unknown
+        )
         if claimed != b"t":
             return None
         return Claim(
-            op.resource_id, owner, op.token, int(generation), from_micros(expires_at), int(revision)
+            op.resource_id,
+            op.owner,
+            op.token,
+            int(generation),
+            from_micros(expires_at),
+            int(revision),
         )
 
-    def renew(self, op: RenewOp) -> Claim:
+    def renew(self, op: ops.RenewOp) -> Claim:
         claim = op.claim
-        args = [
-            claim.resource_id,
-            claim.owner.type,
-            claim.owner.id,
-            claim.generation,
-            op.token_sha256,
-            op.ttl,
-            op.expected_revision,
-            op.now,
-        ]
+        args = [*_lease_row(claim, op.token_sha256), op.ttl, op.expected_revision, op.now]
         unknown = _core.renew_unknown(claim, self.dsn)
         expires_at, revision = self._write(RENEW, args, unknown)
         return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
-    def release(self, op: ReleaseOp) -> int:
+    def release(self, op: ops.ReleaseOp) -> int:
         claim = op.claim
-        args = [
-            claim.resource_id,
-            claim.owner.type,
-            claim.owner.id,
-            claim.generation,
-            op.token_sha256,
-            op.expected_revision,
-            op.now,
-        ]
+        args = [*_lease_row(claim, op.token_sha256), op.expected_revision, op.now]
         (revision,) = self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
         return int(revision)
 
-    def mutate(self, op: MutateOp, apply: Callable[[Conn], Any] | None) -> MutationResult:
+    def mutate(self, op: ops.MutateOp, apply: Callable[[Conn], Any] | None) -> MutationResult:
         """`AsyncPostgresStore.mutate`: the permit check, `apply(conn)` and the event
         in one transaction; psycopg errors of `apply`'s own SQL propagate unchanged."""
         permit, lease, actor = op.permit, op.permit.lease, op.actor
@@ -380,13 +345,13 @@ class PgDriver:
             conns.give_back(conn)
         return MutationResult(permit.resource_id, row[0], row[1], value)
 
-    def get(self, op: GetOp) -> ResourceState:
+    def get(self, op: ops.GetOp) -> ResourceState:
         row = self._row(self._q.get, [op.now, op.resource_id])
         if row is None:
             raise UnknownResourceError(f"unknown resource {op.resource_id}")
         return _core.parse_resource(row)
 
-    def list_resources(self, op: ListOp) -> list[ResourceState]:
+    def list_resources(self, op: ops.ListOp) -> list[ResourceState]:
         args: list[Any]
         if op.resource_type is None:
             query, args = self._q.list_all, [op.now]
@@ -394,7 +359,7 @@ class PgDriver:
             query, args = self._q.list_type, [op.now, op.resource_type]
         return [_core.parse_resource(r) for r in self._rows(query, args)]
 
-    def events(self, op: EventsOp) -> list[Event]:
+    def events(self, op: ops.EventsOp) -> list[Event]:
         args = [op.resource_id, op.after_revision, op.limit]
 
         def read(conn: Conn) -> list[Any]:
@@ -408,8 +373,13 @@ class PgDriver:
 
         return [_core.parse_event(r) for r in self._read(read)]
 
-    def read_log(self, op: ReadLogOp) -> list[Event]:
+    def read_log(self, op: ops.ReadLogOp) -> list[Event]:
         """No event is ever skipped, even when transactions commit out of id order:
         the cursor is checked against this log in the same statement (cursor_check)."""
         read = cursor_check.pg_read_after(self.schema, op.cursor, op.limit)
         return read.events(self._rows(read.query, read.args))
+
+
+def _lease_row(claim: Claim, token_sha256: bytes) -> list[Any]:
+    """The lease a renew or release names, as its SQL function's first arguments."""
+    return [claim.resource_id, claim.owner.type, claim.owner.id, claim.generation, token_sha256]

@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..driver.runtime_api import watch_runtime
 from ..store import AsyncLeaseStore
+from ..validation import check_positive_seconds, check_schema_name
 from . import _core
 from ._core import DEFAULT_SCHEMA
 from ._driver_async import AsyncPgDriver
@@ -64,17 +65,15 @@ class AsyncPostgresStore(AsyncLeaseStore[psycopg.AsyncConnection[Any], AsyncWatc
         pool_timeout: float = 30.0,
         pooler: bool = False,
     ) -> None:
+        # Checked in the order the store always checked them.
         driver = AsyncPgDriver(
             dsn,
-            schema=schema,
+            check_schema_name(schema),
+            _core.pooler_mode(pooler),
+            check_positive_seconds(connect_timeout, "connect_timeout"),
+            _core.Limits.of(statement_timeout, lock_timeout, pool_timeout, max_size),
             min_size=min_size,
-            max_size=max_size,
             auto_migrate=auto_migrate,
-            connect_timeout=connect_timeout,
-            statement_timeout=statement_timeout,
-            lock_timeout=lock_timeout,
-            pool_timeout=pool_timeout,
-            pooler=pooler,
         )
         super().__init__(driver)
         self.schema = driver.schema

@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from ..driver.runtime_api import watch_runtime
 from ..store import LeaseStore
+from ..validation import check_positive_seconds, check_schema_name
 from . import _core
 from ._core import DEFAULT_SCHEMA
 from ._driver import PgDriver
@@ -65,17 +66,15 @@ class PostgresStore(LeaseStore[psycopg.Connection[Any], Watcher]):
         pool_timeout: float = 30.0,
         pooler: bool = False,
     ) -> None:
+        # Checked in the order the store always checked them.
         driver = PgDriver(
             dsn,
-            schema=schema,
+            check_schema_name(schema),
+            _core.pooler_mode(pooler),
+            check_positive_seconds(connect_timeout, "connect_timeout"),
+            _core.Limits.of(statement_timeout, lock_timeout, pool_timeout, max_size),
             min_size=min_size,
-            max_size=max_size,
             auto_migrate=auto_migrate,
-            connect_timeout=connect_timeout,
-            statement_timeout=statement_timeout,
-            lock_timeout=lock_timeout,
-            pool_timeout=pool_timeout,
-            pooler=pooler,
         )
         super().__init__(driver)
         self.schema = driver.schema

@@ -17,17 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Self
 
 from .._compat import to_thread
-from ..driver.ops import (
-    ClaimOp,
-    EnsureOp,
-    EventsOp,
-    GetOp,
-    ListOp,
-    MutateOp,
-    ReadLogOp,
-    ReleaseOp,
-    RenewOp,
-)
+from ..driver import ops
 from ..errors import StoreClosedError
 from ..types import Claim, Event, MutationResult, ResourceState
 from . import _ops
@@ -85,36 +75,37 @@ class SqliteDriver:
     def migrate(self) -> list[str]:
         return to_thread(_ops.migrate, self.db)
 
-    def ensure_resource(self, op: EnsureOp) -> str:
+    def ensure_resource(self, op: ops.EnsureOp) -> str:
         return to_thread(_ops.ensure_resource, self.db, op)
 
-    def claim(self, op: ClaimOp) -> Claim | None:
+    def claim(self, op: ops.ClaimOp) -> Claim | None:
         return to_thread(_ops.claim, self.db, op)
 
-    def renew(self, op: RenewOp) -> Claim:
+    def renew(self, op: ops.RenewOp) -> Claim:
         return to_thread(_ops.renew, self.db, op)
 
-    def release(self, op: ReleaseOp) -> int:
+    def release(self, op: ops.ReleaseOp) -> int:
         return to_thread(_ops.release, self.db, op)
 
     def mutate(
-        self, op: MutateOp, apply: Callable[[sqlite3.Connection], Any] | None
+        self, op: ops.MutateOp, apply: Callable[[sqlite3.Connection], Any] | None
     ) -> MutationResult:
-        """The transaction runs in a worker thread; an asyncio `apply` runs on this
-        event loop with the same connection while the thread waits (`_bridged`)."""
+        """One write transaction (`_ops.mutate`). Under asyncio it runs in a worker
+        thread and `apply` on the event loop, with the same connection, while
+        the thread waits (`_bridged`)."""
         db = self.db
         return to_thread(_ops.mutate, db, op, apply)
 
-    def get(self, op: GetOp) -> ResourceState:
+    def get(self, op: ops.GetOp) -> ResourceState:
         return to_thread(_ops.get, self.db, op)
 
-    def list_resources(self, op: ListOp) -> list[ResourceState]:
+    def list_resources(self, op: ops.ListOp) -> list[ResourceState]:
         return to_thread(_ops.list_resources, self.db, op)
 
-    def events(self, op: EventsOp) -> list[Event]:
+    def events(self, op: ops.EventsOp) -> list[Event]:
         return to_thread(_ops.events, self.db, op)
 
-    def read_log(self, op: ReadLogOp) -> list[Event]:
+    def read_log(self, op: ops.ReadLogOp) -> list[Event]:
         return to_thread(_ops.read_log, self.db, op)
 
     # --- a watcher's reads (pglease.sqlite.watch) ---------------------------------------

@@ -19,17 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Self
 
 from .._compat_async import to_thread
-from ..driver.ops import (
-    ClaimOp,
-    EnsureOp,
-    EventsOp,
-    GetOp,
-    ListOp,
-    MutateOp,
-    ReadLogOp,
-    ReleaseOp,
-    RenewOp,
-)
+from ..driver import ops
 from ..errors import StoreClosedError
 from ..types import Claim, Event, MutationResult, ResourceState
 from . import _ops
@@ -88,23 +78,24 @@ class AsyncSqliteDriver:
     async def migrate(self) -> list[str]:
         return await to_thread(_ops.migrate, self.db)
 
-    async def ensure_resource(self, op: EnsureOp) -> str:
+    async def ensure_resource(self, op: ops.EnsureOp) -> str:
         return await to_thread(_ops.ensure_resource, self.db, op)
 
-    async def claim(self, op: ClaimOp) -> Claim | None:
+    async def claim(self, op: ops.ClaimOp) -> Claim | None:
         return await to_thread(_ops.claim, self.db, op)
 
-    async def renew(self, op: RenewOp) -> Claim:
+    async def renew(self, op: ops.RenewOp) -> Claim:
         return await to_thread(_ops.renew, self.db, op)
 
-    async def release(self, op: ReleaseOp) -> int:
+    async def release(self, op: ops.ReleaseOp) -> int:
         return await to_thread(_ops.release, self.db, op)
 
     async def mutate(
-        self, op: MutateOp, apply: Callable[[sqlite3.Connection], Awaitable[Any]] | None
+        self, op: ops.MutateOp, apply: Callable[[sqlite3.Connection], Awaitable[Any]] | None
     ) -> MutationResult:
-        """The transaction runs in a worker thread; an asyncio `apply` runs on this
-        event loop with the same connection while the thread waits (`_bridged`)."""
+        """One write transaction (`_ops.mutate`). Under asyncio it runs in a worker
+        thread and `apply` on the event loop, with the same connection, while
+        the thread waits (`_bridged`)."""
         db = self.db
         # async-only: begin
         if apply is not None:
@@ -112,16 +103,16 @@ class AsyncSqliteDriver:
         # async-only: end
         return await to_thread(_ops.mutate, db, op, apply)
 
-    async def get(self, op: GetOp) -> ResourceState:
+    async def get(self, op: ops.GetOp) -> ResourceState:
         return await to_thread(_ops.get, self.db, op)
 
-    async def list_resources(self, op: ListOp) -> list[ResourceState]:
+    async def list_resources(self, op: ops.ListOp) -> list[ResourceState]:
         return await to_thread(_ops.list_resources, self.db, op)
 
-    async def events(self, op: EventsOp) -> list[Event]:
+    async def events(self, op: ops.EventsOp) -> list[Event]:
         return await to_thread(_ops.events, self.db, op)
 
-    async def read_log(self, op: ReadLogOp) -> list[Event]:
+    async def read_log(self, op: ops.ReadLogOp) -> list[Event]:
         return await to_thread(_ops.read_log, self.db, op)
 
     # --- a watcher's reads (pglease.sqlite.watch) ---------------------------------------
@@ -138,7 +129,7 @@ class AsyncSqliteDriver:
 
 # async-only: begin
 async def _bridged(
-    db: Database, op: MutateOp, apply: Callable[[sqlite3.Connection], Awaitable[Any]]
+    db: Database, op: ops.MutateOp, apply: Callable[[sqlite3.Connection], Awaitable[Any]]
 ) -> MutationResult:
     """Run the mutation in a worker thread with `apply` on this event loop.
 

@@ -28,17 +28,7 @@ from typing import Any, TypeVar
 
 from .. import _common, cursor_check
 from ..cursors import Cursor, parse_cursor
-from ..driver.ops import (
-    ClaimOp,
-    EnsureOp,
-    EventsOp,
-    GetOp,
-    ListOp,
-    MutateOp,
-    ReadLogOp,
-    ReleaseOp,
-    RenewOp,
-)
+from ..driver import ops
 from ..errors import (
     InvalidCursorError,
     LeaseExpiredError,
@@ -259,7 +249,7 @@ def migrate(db: Database) -> list[str]:
     return [f"{m.version:04d}_{m.name}" for m in db.migrate()]
 
 
-def ensure_resource(db: Database, op: EnsureOp) -> str:
+def ensure_resource(db: Database, op: ops.EnsureOp) -> str:
     rtype, key = op.resource_type, op.key
     rid = make_resource_id(rtype, key)
     with db.connection() as conn:
@@ -278,7 +268,7 @@ def ensure_resource(db: Database, op: EnsureOp) -> str:
     return rid
 
 
-def claim(db: Database, op: ClaimOp) -> Claim | None:
+def claim(db: Database, op: ops.ClaimOp) -> Claim | None:
     rid, owner = op.resource_id, op.owner
     with db.write() as conn:
         lease = lock_lease(conn, rid)
@@ -292,44 +282,54 @@ def claim(db: Database, op: ClaimOp) -> Claim | None:
     return Claim(rid, owner, op.token, generation, from_us(expires), revision)
 
 
-def renew(db: Database, op: RenewOp) -> Claim:
+def _lock_current(
+    conn: sqlite3.Connection, claim: Claim, token_sha256: bytes, expected: int | None
+) -> _Lease:
+    """The lease `claim` names, locked, checked to be its holder's and at `expected`."""
+    lease = lock_lease(conn, claim.resource_id)
+    _check_current(lease, claim.owner.type, claim.owner.id, claim.generation, token_sha256)
+    _check_revision(lease, expected)
+    return lease
+
+
+def renew(db: Database, op: ops.RenewOp) -> Claim:
     c = op.claim
-    rid, otype, oid, generation = c.resource_id, c.owner.type, c.owner.id, c.generation
     with db.write() as conn:
-        lease = lock_lease(conn, rid)
-        _check_current(lease, otype, oid, generation, op.token_sha256)
-        _check_revision(lease, op.expected_revision)
+        lease = _lock_current(conn, c, op.token_sha256, op.expected_revision)
         t = clock_us(op.now)
         _check_unexpired(lease, t)
         expires = t + ttl_us(op.ttl)
         conn.execute(
             "UPDATE leases SET heartbeat_at = ?, expires_at = ? WHERE resource_id = ?",
-            (t, expires, rid),
+            (t, expires, c.resource_id),
         )
-        revision, _ = _bump(conn, rid, t, "lease.renewed", otype, oid, generation, expires, None)
+        revision, _ = _bump(
+            conn, c.resource_id, t, "lease.renewed", c.owner.type, c.owner.id, c.generation,
+            expires, None,
+        )  # fmt: skip
     return replace(c, expires_at=from_us(expires), revision=revision)
 
 
-def release(db: Database, op: ReleaseOp) -> int:
+def release(db: Database, op: ops.ReleaseOp) -> int:
     c = op.claim
-    rid, otype, oid, generation = c.resource_id, c.owner.type, c.owner.id, c.generation
     with db.write() as conn:
-        lease = lock_lease(conn, rid)
-        _check_current(lease, otype, oid, generation, op.token_sha256)
-        _check_revision(lease, op.expected_revision)
+        _lock_current(conn, c, op.token_sha256, op.expected_revision)
         t = clock_us(op.now)
         # The generation stays: the next claim continues from it.
         conn.execute(
             "UPDATE leases SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL,"
             " expires_at = NULL, heartbeat_at = ? WHERE resource_id = ?",
-            (t, rid),
+            (t, c.resource_id),
         )
-        revision, _ = _bump(conn, rid, t, "lease.released", otype, oid, generation, None, None)
+        revision, _ = _bump(
+            conn, c.resource_id, t, "lease.released", c.owner.type, c.owner.id, c.generation,
+            None, None,
+        )  # fmt: skip
     return revision
 
 
 def mutate(
-    db: Database, op: MutateOp, apply: Callable[[sqlite3.Connection], Any] | None
+    db: Database, op: ops.MutateOp, apply: Callable[[sqlite3.Connection], Any] | None
 ) -> MutationResult:
     """`SqliteStore.mutate`: `apply` runs inside the write transaction, where
     COMMIT and ROLLBACK are refused; what it raises propagates unchanged (its
@@ -373,7 +373,7 @@ def mutate(
     raise error
 
 
-def get(db: Database, op: GetOp) -> ResourceState:
+def get(db: Database, op: ops.GetOp) -> ResourceState:
     t = clock_us(op.now)
     with db.connection() as conn:
         row = conn.execute(_RESOURCE_SELECT + " WHERE r.id = ?", (t, op.resource_id)).fetchone()
@@ -382,7 +382,7 @@ def get(db: Database, op: GetOp) -> ResourceState:
     return _parse_resource(row)
 
 
-def list_resources(db: Database, op: ListOp) -> list[ResourceState]:
+def list_resources(db: Database, op: ops.ListOp) -> list[ResourceState]:
     t = clock_us(op.now)
     with db.connection() as conn:
         if op.resource_type is None:
@@ -394,7 +394,7 @@ def list_resources(db: Database, op: ListOp) -> list[ResourceState]:
     return [_parse_resource(r) for r in rows]
 
 
-def events(db: Database, op: EventsOp) -> list[Event]:
+def events(db: Database, op: ops.EventsOp) -> list[Event]:
     rid = op.resource_id
     with db.connection() as conn:
         rows = conn.execute(
@@ -415,7 +415,7 @@ def _sqlite_cursor(parsed: Cursor, cursor: str | None) -> Cursor:
     return parsed
 
 
-def read_log(db: Database, op: ReadLogOp) -> list[Event]:
+def read_log(db: Database, op: ops.ReadLogOp) -> list[Event]:
     parsed = _sqlite_cursor(op.cursor, op.cursor.text)
     with db.connection() as conn:
         cursor_check.sqlite_verify(conn, parsed, refuse_expired=True)
