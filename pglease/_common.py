@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from .cursors import Position, encode_cursor, fingerprint
+from .cursors import Position, encode_cursor, fingerprint, parse_cursor
+from .driver import ops
 from .errors import InvalidOwnerError, LeaseMismatchError, ValidationError
 from .ids import new_token, token_hash
 from .payloads import canonical_payload, decode_payload
@@ -42,8 +43,35 @@ def check_limit(limit: int) -> int:
     return limit
 
 
+def ensure_op(resource_type: str, key: str) -> ops.EnsureOp:
+    return ops.EnsureOp(check_resource_type(resource_type), check_key(key))
+
+
 def ensure_args(resource_type: str, key: str) -> tuple[str, str]:
     return check_resource_type(resource_type), check_key(key)
+
+
+def claim_op(
+    resource_id: str,
+    owner: Owner,
+    ttl: float,
+    expected_revision: int | None,
+    now: datetime | None,
+) -> ops.ClaimOp:
+    """The checked claim, with a fresh token and its sha256."""
+    check_resource_id(resource_id)
+    if not isinstance(owner, Owner):
+        raise ValidationError(f"owner must be an Owner, got {type(owner).__name__}")
+    token = new_token()
+    return ops.ClaimOp(
+        resource_id,
+        owner,
+        token,
+        token_hash(token),
+        check_ttl(ttl),
+        check_optional_revision(expected_revision),
+        check_now(now),
+    )
 
 
 def claim_args(
@@ -54,21 +82,23 @@ def claim_args(
     now: datetime | None,
 ) -> tuple[str, list[Any]]:
     """A fresh token and ``[resource, owner type, owner id, token sha256, ttl,
-    expected revision, now]``."""
-    check_resource_id(resource_id)
-    if not isinstance(owner, Owner):
-        raise ValidationError(f"owner must be an Owner, got {type(owner).__name__}")
-    token = new_token()
-    args = [
-        resource_id,
+    expected revision, now]`` (`claim_op` as the SQL function's arguments)."""
+    op = claim_op(resource_id, owner, ttl, expected_revision, now)
+    return op.token, claim_row(op)
+
+
+def claim_row(op: ops.ClaimOp) -> list[Any]:
+    """A claim as the SQL function's arguments, in its order."""
+    owner = op.owner
+    return [
+        op.resource_id,
         owner.type,
         owner.id,
-        token_hash(token),
-        check_ttl(ttl),
-        check_optional_revision(expected_revision),
-        check_now(now),
+        op.token_sha256,
+        op.ttl,
+        op.expected_revision,
+        op.now,
     ]
-    return token, args
 
 
 def check_claim(claim: Claim) -> Claim:
@@ -83,48 +113,35 @@ def check_claim(claim: Claim) -> Claim:
     return claim
 
 
-def renew_args(
+def renew_op(
     claim: Claim, ttl: float, expected_revision: int | None, now: datetime | None
-) -> list[Any]:
-    """``[resource, owner type, owner id, generation, token sha256, ttl, expected
-    revision, now]``."""
+) -> ops.RenewOp:
     check_claim(claim)
-    return [
-        claim.resource_id,
-        claim.owner.type,
-        claim.owner.id,
-        claim.generation,
+    return ops.RenewOp(
+        claim,
         token_hash(claim.token),
         check_ttl(ttl),
         check_optional_revision(expected_revision),
         check_now(now),
-    ]
+    )
 
 
-def release_args(claim: Claim, expected_revision: int | None, now: datetime | None) -> list[Any]:
-    """``[resource, owner type, owner id, generation, token sha256, expected revision, now]``."""
+def release_op(claim: Claim, expected_revision: int | None, now: datetime | None) -> ops.ReleaseOp:
     check_claim(claim)
-    return [
-        claim.resource_id,
-        claim.owner.type,
-        claim.owner.id,
-        claim.generation,
-        token_hash(claim.token),
-        check_optional_revision(expected_revision),
-        check_now(now),
-    ]
+    return ops.ReleaseOp(
+        claim, token_hash(claim.token), check_optional_revision(expected_revision), check_now(now)
+    )
 
 
-def mutate_args(
+def mutate_op(
     permit: Permit,
     event_type: str,
     payload: Any,
     actor: Owner | None,
     now: datetime | None,
-) -> list[Any]:
-    """``[resource, expected revision, event type, owner type, owner id, generation,
-    token sha256, actor type, actor id, canonical payload text, now]``; the lease
-    fields are None for an unleased write."""
+) -> ops.MutateOp:
+    """The checked mutation: the lease's token hash (None for an unleased write)
+    and the payload's canonical text."""
     if not isinstance(permit, Permit):
         raise ValidationError(f"expected a Permit, got {type(permit).__name__}")
     check_resource_id(permit.resource_id)
@@ -148,19 +165,33 @@ def mutate_args(
                 " payload)"
             )
     body = None if payload is None else canonical_payload(payload).text
-    return [
-        permit.resource_id,
-        permit.expected_revision,
-        event_type,
-        lease.owner.type if lease else None,
-        lease.owner.id if lease else None,
-        lease.generation if lease else None,
-        token_hash(lease.token) if lease else None,
-        actor.type if actor else None,
-        actor.id if actor else None,
-        body,
-        check_now(now),
-    ]
+    sha = token_hash(lease.token) if lease is not None else None
+    return ops.MutateOp(permit, event_type, sha, actor, body, check_now(now))
+
+
+def get_op(resource_id: str, now: datetime | None) -> ops.GetOp:
+    return ops.GetOp(check_resource_id(resource_id), check_now(now))
+
+
+def list_op(resource_type: str | None, now: datetime | None) -> ops.ListOp:
+    now = check_now(now)
+    if resource_type is not None:
+        check_resource_type(resource_type)
+    return ops.ListOp(resource_type, now)
+
+
+def events_op(resource_id: str, after_revision: int, limit: int) -> ops.EventsOp:
+    return ops.EventsOp(
+        check_resource_id(resource_id),
+        check_revision(after_revision, "after_revision"),
+        check_limit(limit),
+    )
+
+
+def read_log_op(cursor: str | None, limit: int) -> ops.ReadLogOp:
+    """The parsed cursor; the driver checks its position against its own log."""
+    parsed = parse_cursor(cursor)
+    return ops.ReadLogOp(parsed, check_limit(limit))
 
 
 def parse_resource(row: Sequence[Any]) -> ResourceState:
@@ -221,11 +252,3 @@ def parse_event(row: Sequence[Any]) -> Event:
         payload_sha256=bytes(sha) if sha is not None else None,
         created_at=created,
     )
-
-
-def events_of_args(resource_id: str, after_revision: int, limit: int) -> list[Any]:
-    return [
-        check_resource_id(resource_id),
-        check_revision(after_revision, "after_revision"),
-        check_limit(limit),
-    ]

@@ -200,8 +200,13 @@ class PgEventsAfter:
 def pg_events_after(schema: str, cursor: str | None, limit: int) -> PgEventsAfter:
     """Validate the arguments of `events_after` and build its checked read."""
     parsed = parse_cursor(cursor)
+    return pg_read_after(schema, parsed, check_limit(limit))
+
+
+def pg_read_after(schema: str, parsed: Cursor, limit: int) -> PgEventsAfter:
+    """The checked read of a parsed cursor (`limit` already checked)."""
     position = parsed.position
-    args = [*pg_check_args(parsed), str(position.xid), position.event_id, check_limit(limit)]
+    args = [*pg_check_args(parsed), str(position.xid), position.event_id, limit]
     return PgEventsAfter(parsed, pg_queries(schema).events_after, args)
 
 

@@ -27,6 +27,9 @@ _LAYER_OF_TOP = {
     "sessions": SESSIONS,
     "cli": APP, "demo": APP, "doctor": APP,
     "__main__": APP,
+    # Backend-free, so in the core (every other top-level name is too): the one
+    # lease store and the driver protocols it and the runtime call.
+    "store": CORE, "driver": CORE,
 }  # fmt: skip
 
 #: (importer, imported): why it is still there. Empty: every arrow points down.

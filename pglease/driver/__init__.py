@@ -1,7 +1,14 @@
-"""The runtime driver protocol: what the fleet runtime (keeper, acquire, rooms,
-elections) needs from a backend, as typed operations. PostgreSQL implements it
-in `pglease.postgres.runtime`, SQLite in `pglease.sqlite.runtime`; the runtime
-reaches a store's driver through ``store.runtime_driver()`` and nothing else."""
+"""The driver protocols, as typed operations.
+
+The runtime driver protocol (`protocol`): what the fleet runtime (keeper,
+acquire, rooms, elections) needs from a backend. PostgreSQL implements it in
+`pglease.postgres.runtime`, SQLite in `pglease.sqlite.runtime`; the runtime
+reaches a store's driver through ``store.runtime_driver()`` and nothing else.
+
+The store driver protocol (`store`, `store_async`, with one frozen parameter
+type per operation in `ops`): what the one lease store (`pglease.store`)
+needs from a backend; `pglease.postgres._driver` and `pglease.sqlite._driver`
+(and their asyncio sources) implement it."""
 
 from .protocol import (
     AsyncChangeFeed,
@@ -17,11 +24,14 @@ from .protocol import (
     LeaveQueue,
     RuntimeDriver,
 )
+from .store import StoreDriver
+from .store_async import AsyncStoreDriver
 
 __all__ = [
     "AsyncChangeFeed",
     "AsyncHeartbeatChannel",
     "AsyncRuntimeDriver",
+    "AsyncStoreDriver",
     "ChangeFeed",
     "ClaimAttempt",
     "ClaimRequest",
@@ -31,4 +41,5 @@ __all__ = [
     "HeartbeatStatus",
     "LeaveQueue",
     "RuntimeDriver",
+    "StoreDriver",
 ]

@@ -23,12 +23,8 @@ from .._common import check_claim as _check_claim  # noqa: F401
 from .._common import check_now as check_now
 from .._common import claim_args as claim_args
 from .._common import ensure_args as ensure_args
-from .._common import events_of_args as events_of_args
-from .._common import mutate_args as mutate_args
 from .._common import parse_event as parse_event
 from .._common import parse_resource as parse_resource
-from .._common import release_args as release_args
-from .._common import renew_args as renew_args
 from ..errors import (
     ClockOverrideError,
     CommitOutcomeUnknownError,

@@ -68,28 +68,25 @@ class AsyncSqliteWatcher(SqliteWatcherBase):
         """Pin "now" to the current end of the log, or check the cursor; once only."""
         if self._started:
             return self
-        store = self._store.sync_store  # sync: store = self._store
+        store = self._store
         if self._cursor is None:  # "now" means now, not the first poll
-            # sync: cursor = store._now_cursor()
-            cursor = await asyncio.to_thread(store._now_cursor)  # sync: -
+            cursor = await store._now_cursor()
         else:
             cursor = self._cursor
             if cursor != "start":
-                # sync: store._check_cursor(cursor)
-                await asyncio.to_thread(store._check_cursor, cursor)  # sync: -
+                await store._check_cursor(cursor)
         self._started_at(cursor)
         return self
 
     async def _poll(self) -> None:
         self._check_file()
-        store = self._store.sync_store  # sync: store = self._store
+        store = self._store
         # Until something matches the filters (as soon as possible, not as
         # much as possible), at most `max_pending` events at a time.
         while not self._buffer and (wanted := self._room()) > 0:
             # One event more than wanted: whether the file has more than fits.
             after = self._after_id
-            # sync: page = store._events_after_id(after, wanted + 1)
-            page = await asyncio.to_thread(store._events_after_id, after, wanted + 1)  # sync: -
+            page = await store._events_after_id(after, wanted + 1)
             if not self._take(page, wanted):
                 break
         self._polled()

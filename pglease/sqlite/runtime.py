@@ -44,7 +44,7 @@ from ..errors import LockTimeoutError
 from ..ids import token_hash
 from ..types import Claim, Owner
 from ._db import clock_us, from_us, opt_from_us, ttl_us
-from .store import _Lease, _lock_lease, claim_locked
+from ._ops import _Lease, claim_locked, lock_lease
 
 if TYPE_CHECKING:
     from .async_store import AsyncSqliteStore
@@ -108,7 +108,7 @@ def attempt_claim(store: SqliteStore, request: ClaimRequest) -> ClaimAttempt | N
     owner = request.owner
     try:
         with store._db.write() as conn:
-            lease = _lock_lease(conn, request.resource_id)
+            lease = lock_lease(conn, request.resource_id)
             t = clock_us(None)  # after the lock wait, as the store's claim
             position, head = (0, None) if not request.fair else _enqueue(conn, request, t)
             if position > 0:

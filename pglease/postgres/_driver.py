@@ -1,0 +1,385 @@
+# Generated from pglease/postgres/_driver_async.py by tools/async_to_sync.py: do not edit.
+"""The PostgreSQL store driver (`pglease.driver.store`), written once.
+
+`AsyncPgDriver` is the asyncio source and `PgDriver` in
+`pglease/postgres/_driver.py` its generated blocking twin. Below the one
+lease store (`pglease.store`): the psycopg-pool, the LIFO connection stack
+(`_reuse_async`), the prepared-statement fast path for claim, renew and
+release (`_fastpath`), pooler mode, the time limits, and the one place where
+psycopg's errors become `PgleaseError`s (`_core`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import ConnectionPool
+
+from .. import _common, cursor_check
+from ..driver import ops
+from ..dsn import resolve_dsn
+from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
+from ..migrations import migrate, migration_state
+from ..types import Claim, Event, MutationResult, ResourceState
+from . import _core
+from ._core import Queries
+from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, NotSentError, from_micros
+from ._reuse import ConnectionStack, discard
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+#: Using an asyncio store before it is opened, or after it is closed (a blocking
+#: store is open from its constructor on, and reports PoolClosed once closed).
+_NOT_OPEN = "the store is not open (use `await AsyncPostgresStore.open()`)"
+
+
+class PgDriver:
+    """The store driver on one PostgreSQL schema: a psycopg-pool in autocommit
+    mode whose connections are reused LIFO; claim, renew and release are one
+    prepared-statement round trip each (unnamed statements in pooler mode).
+    The arguments are `AsyncPostgresStore`'s."""
+
+    def __init__(
+        self,
+        dsn: str | None,
+        schema: str,
+        pooler: bool,
+        connect_timeout: float,
+        limits: _core.Limits,
+        *,
+        min_size: int,
+        auto_migrate: bool,
+    ) -> None:
+        """Arguments checked by the store: `pooler` is the mode in force, `limits`
+        carry the pool's `max_size`."""
+        self.schema = schema
+        self.pooler = pooler
+        self._limits = limits
+        self._dsn = dsn
+        self._q = Queries(schema)
+        #: Pooler mode: the limits as SET LOCAL, run first in each mutate transaction.
+        self._local_limits = self._limits.local_settings if self.pooler else None
+        #: Pooler mode: the same as one statement, pipelined ahead of each read.
+        self._local_config = self._limits.local_config if self.pooler else None
+        # Pooler mode sets nothing per session: the limits go per transaction
+        # (mutate), and the fast path sends unnamed statements.
+        self._fast = FastPath(
+            schema,
+            None if self.pooler else self._limits.settings,
+            self._limits,
+            pooler=self.pooler,
+        )
+        self._min_size = min_size
+        self._max_size = limits.max_size
+        self._auto_migrate = auto_migrate
+        self._connect_timeout = connect_timeout
+        self._pool: ConnectionPool[Conn] | None = None
+        self._conns: ConnectionStack | None = None
+
+    @property
+    def limits(self) -> _core.Limits:
+        """The store's statement, lock and pool time limits (as its errors name them)."""
+        return self._limits
+
+    def open(self) -> None:
+        """Connect once, migrate (or check), then open the pool and the LIFO stack."""
+        if self._pool is not None:
+            return
+        # Starting the embedded server blocks for about a second: keep a loop free.
+        dsn = resolve_dsn(self._dsn)
+        self.dsn = dsn
+        kwargs = _core.connect_kwargs(self.schema, self.pooler)
+        # One direct connection first: a bad DSN or a down server fails fast with
+        # one clear error instead of a pool retrying in the background. Migrations
+        # run without the time limits: they wait for each other on purpose.
+        try:
+            conn = psycopg.Connection.connect(
+                dsn, connect_timeout=math.ceil(self._connect_timeout), **kwargs
+            )
+        except psycopg.OperationalError as exc:
+            raise _core.unavailable(exc, dsn=dsn) from exc
+        try:
+            with conn:
+                if self._auto_migrate:
+                    migrate(conn, self.schema)
+                else:
+                    _core.require_migrated(migration_state(conn, self.schema))
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+        pool: ConnectionPool[Conn] = ConnectionPool(
+            dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            kwargs=kwargs,
+            configure=self._configure,
+            timeout=self._limits.pool_timeout,
+            open=False,
+            name=f"pglease-{self.schema}",
+        )
+        try:
+            with _core.PoolConnectErrors(pool.name) as connect_errors:
+                pool.open(wait=True, timeout=self._connect_timeout)
+        except BaseException as exc:
+            pool.close()  # stop its workers; the caller gets the error
+            if isinstance(exc, psycopg.Error):
+                raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
+            raise
+        self._pool = pool
+        self._conns = ConnectionStack(pool)
+
+    def _configure(self, conn: Conn) -> None:
+        """The pool calls this on connect: the time limits, then the fast path's
+        prepared statements (neither in pooler mode, where session state would
+        land on a random server)."""
+        self._set_limits(conn)
+        self._fast.prepare_on_connect(conn)
+
+    def _set_limits(self, conn: Conn) -> None:
+        """Set the time limits for the session (not in pooler mode)."""
+        if not self.pooler and (settings := self._limits.settings) is not None:
+            conn.execute(settings)
+
+    def _error(self, exc: psycopg.Error) -> PgleaseError:
+        return _core.driver_error(exc, self._limits, self.dsn)
+
+    @property
+    def _stack(self) -> ConnectionStack:
+        if self._conns is None:
+            raise StoreClosedError(_NOT_OPEN)
+        return self._conns
+
+    def _take(self, conns: ConnectionStack, fast: bool = False) -> Conn:
+        """A live connection (`fast`: for `_write`); the pool's errors as PgleaseErrors
+        (nothing was sent)."""
+        try:
+            return conns.take(fast)
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+
+    def _read(self, fn: Callable[[Conn], T], bounded: bool = True) -> T:
+        """Run a read (or an idempotent write) once more on a fresh connection when
+        the connection breaks under it: running it twice is harmless.
+
+        In pooler mode `fn` runs in a transaction that starts with the limits as
+        SET LOCAL (pipelined with it: BEGIN, the SETs and the first statement
+        go in one round trip), since no session SET bounds it there."""
+        conns = self._stack
+        for attempt in (1, 2):
+            conn = self._take(conns)
+            try:
+                if bounded and self._local_config is not None:
+                    with conn.pipeline(), conn.transaction():
+                        conn.execute(self._local_config)
+                        return fn(conn)
+                return fn(conn)
+            except psycopg.Error as exc:
+                broken = conn.broken
+                if broken and attempt == 1:
+                    continue
+                if broken:
+                    raise _core.lost(exc, self.dsn) from exc
+                error = self._error(exc)
+                raise error from _core.cause_of(error, exc)
+            finally:
+                conns.give_back(conn)
+        raise AssertionError("unreachable")
+
+    def _write(
+        self, name: bytes, args: list[Any], unknown: Callable[[psycopg.Error], PgleaseError]
+    ) -> list[bytes]:
+        """One fast-path write. Retried once only when it certainly never ran; a
+        connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
+        conns = self._stack
+        for attempt in (1, 2):
+            conn = self._take(conns, fast=True)
+            try:
+                return self._fast.call(conn, name, args)
+            except NotSentError as exc:
+                if conn.broken and attempt == 1:
+                    continue
+                error = self._error(exc.cause)
+                raise error from _core.cause_of(error, exc.cause)
+            except psycopg.Error as exc:
+                if conn.broken:
+                    raise unknown(exc) from exc
+                error = self._error(exc)
+                raise error from _core.cause_of(error, exc)
+            finally:
+                conns.give_back(conn)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the pool, with the connections kept for reuse; closing twice is harmless."""
+        if self._pool is not None and self._conns is not None:
+            pool, conns, self._pool = self._pool, self._conns, None
+            # A blocking store keeps its stack: a call after close then gets the
+            # pool's PoolClosed, which the lease API reports as StoreClosedError.
+            conns.drain()
+            pool.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[Conn]:
+        """Borrow a live autocommit connection from the store's pool.
+
+        This is the driver's own connection: errors of the SQL run on it, and of
+        checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
+        """
+        with self._stack.borrow() as conn:
+            yield conn
+
+    def _row(self, query: bytes, args: list[Any]) -> Any:
+        """The first row of one read statement, or None (see `_read`)."""
+
+        def read(conn: Conn) -> Any:
+            cursor = conn.execute(query, args)
+            return cursor.fetchone()
+
+        return self._read(read)
+
+    def _rows(self, query: bytes, args: list[Any]) -> list[Any]:
+        """Every row of one read statement (see `_read`)."""
+
+        def read(conn: Conn) -> list[Any]:
+            cursor = conn.execute(query, args)
+            return cursor.fetchall()
+
+        return self._read(read)
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names of those applied."""
+
+        def run(conn: Conn) -> list[str]:
+            if self.pooler:  # no session limits were set; none to lift or restore
+                return [m.label for m in migrate(conn, self.schema)]
+            # Migrators queue on each other's lock and may run long: no limits.
+            conn.execute(b"SET statement_timeout = 0; SET lock_timeout = 0")
+            try:
+                return [m.label for m in migrate(conn, self.schema)]
+            finally:
+                if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                    conn.execute(b"RESET statement_timeout; RESET lock_timeout")
+                    self._set_limits(conn)
+                else:
+                    discard(conn)  # never reuse it without its limits
+
+        return self._read(run, bounded=False)  # idempotent; migrators wait on purpose
+
+    def ensure_resource(self, op: ops.EnsureOp) -> str:
+        row = self._row(self._q.ensure, [op.resource_type, op.key])
+        assert row is not None  # the statement always returns the id
+        return str(row[0])
+
+    def claim(self, op: ops.ClaimOp) -> Claim | None:
+        unknown = _core.claim_unknown(op.resource_id, op.owner, op.token, op.ttl, self.dsn)
+        claimed, generation, expires_at, revision = self._write(
+            CLAIM, _common.claim_row(op), unknown
+        )
+        if claimed != b"t":
+            return None
+        return Claim(
+            op.resource_id,
+            op.owner,
+            op.token,
+            int(generation),
+            from_micros(expires_at),
+            int(revision),
+        )
+
+    def renew(self, op: ops.RenewOp) -> Claim:
+        claim = op.claim
+        args = [*_lease_row(claim, op.token_sha256), op.ttl, op.expected_revision, op.now]
+        unknown = _core.renew_unknown(claim, self.dsn)
+        expires_at, revision = self._write(RENEW, args, unknown)
+        return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
+
+    def release(self, op: ops.ReleaseOp) -> int:
+        claim = op.claim
+        args = [*_lease_row(claim, op.token_sha256), op.expected_revision, op.now]
+        (revision,) = self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
+        return int(revision)
+
+    def mutate(self, op: ops.MutateOp, apply: Callable[[Conn], Any] | None) -> MutationResult:
+        """`AsyncPostgresStore.mutate`: the permit check, `apply(conn)` and the event
+        in one transaction; psycopg errors of `apply`'s own SQL propagate unchanged."""
+        permit, lease, actor = op.permit, op.permit.lease, op.actor
+        args = [
+            permit.resource_id,
+            permit.expected_revision,
+            op.event_type,
+            lease.owner.type if lease else None,
+            lease.owner.id if lease else None,
+            lease.generation if lease else None,
+            op.lease_token_sha256,
+            actor.type if actor else None,
+            actor.id if actor else None,
+            op.payload_text,
+            op.now,
+        ]
+        conns = self._stack
+        conn = self._take(conns)
+        phase = _core.BEGIN
+        try:
+            with conn.transaction():
+                if self._local_limits is not None:
+                    conn.execute(self._local_limits)
+                cursor = conn.execute(self._q.mutate_begin, args)
+                row = cursor.fetchone()
+                assert row is not None
+                phase = _core.APPLY
+                value = apply(conn) if apply is not None else None
+                phase = _core.COMMIT  # leaving the block sends COMMIT
+        except psycopg.Error as exc:
+            error = _core.mutate_error(
+                exc, conn.broken, phase, permit, op.event_type, self._limits, self.dsn
+            )
+            if error is None:
+                raise
+            raise error from _core.cause_of(error, exc)
+        finally:
+            conns.give_back(conn)
+        return MutationResult(permit.resource_id, row[0], row[1], value)
+
+    def get(self, op: ops.GetOp) -> ResourceState:
+        row = self._row(self._q.get, [op.now, op.resource_id])
+        if row is None:
+            raise UnknownResourceError(f"unknown resource {op.resource_id}")
+        return _core.parse_resource(row)
+
+    def list_resources(self, op: ops.ListOp) -> list[ResourceState]:
+        args: list[Any]
+        if op.resource_type is None:
+            query, args = self._q.list_all, [op.now]
+        else:
+            query, args = self._q.list_type, [op.now, op.resource_type]
+        return [_core.parse_resource(r) for r in self._rows(query, args)]
+
+    def events(self, op: ops.EventsOp) -> list[Event]:
+        args = [op.resource_id, op.after_revision, op.limit]
+
+        def read(conn: Conn) -> list[Any]:
+            cursor = conn.execute(self._q.events_of, args)
+            rows = cursor.fetchall()
+            if not rows:
+                cursor = conn.execute(self._q.resource_exists, [op.resource_id])
+                if cursor.fetchone() is None:
+                    raise UnknownResourceError(f"unknown resource {op.resource_id}")
+            return rows
+
+        return [_core.parse_event(r) for r in self._read(read)]
+
+    def read_log(self, op: ops.ReadLogOp) -> list[Event]:
+        """No event is ever skipped, even when transactions commit out of id order:
+        the cursor is checked against this log in the same statement (cursor_check)."""
+        read = cursor_check.pg_read_after(self.schema, op.cursor, op.limit)
+        return read.events(self._rows(read.query, read.args))
+
+
+def _lease_row(claim: Claim, token_sha256: bytes) -> list[Any]:
+    """The lease a renew or release names, as its SQL function's first arguments."""
+    return [claim.resource_id, claim.owner.type, claim.owner.id, claim.generation, token_sha256]

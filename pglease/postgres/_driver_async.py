@@ -1,0 +1,398 @@
+"""The PostgreSQL store driver (`pglease.driver.store`), written once.
+
+`AsyncPgDriver` is the asyncio source and `PgDriver` in
+`pglease/postgres/_driver.py` its generated blocking twin. Below the one
+lease store (`pglease.store`): the psycopg-pool, the LIFO connection stack
+(`_reuse_async`), the prepared-statement fast path for claim, renew and
+release (`_fastpath`), pooler mode, the time limits, and the one place where
+psycopg's errors become `PgleaseError`s (`_core`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import AsyncConnectionPool
+
+from .. import _common, cursor_check
+from ..driver import ops
+from ..dsn import resolve_dsn
+from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
+from ..migrations import migrate_async, migration_state_async
+from ..types import Claim, Event, MutationResult, ResourceState
+from . import _core
+from ._core import Queries
+from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, NotSentError, from_micros
+from ._reuse_async import AsyncConnectionStack, discard
+
+T = TypeVar("T")
+AsyncConn = psycopg.AsyncConnection[Any]
+#: Using an asyncio store before it is opened, or after it is closed (a blocking
+#: store is open from its constructor on, and reports PoolClosed once closed).
+_NOT_OPEN = "the store is not open (use `await AsyncPostgresStore.open()`)"
+
+
+class AsyncPgDriver:
+    """The store driver on one PostgreSQL schema: a psycopg-pool in autocommit
+    mode whose connections are reused LIFO; claim, renew and release are one
+    prepared-statement round trip each (unnamed statements in pooler mode).
+    The arguments are `AsyncPostgresStore`'s."""
+
+    def __init__(
+        self,
+        dsn: str | None,
+        schema: str,
+        pooler: bool,
+        connect_timeout: float,
+        limits: _core.Limits,
+        *,
+        min_size: int,
+        auto_migrate: bool,
+    ) -> None:
+        """Arguments checked by the store: `pooler` is the mode in force, `limits`
+        carry the pool's `max_size`."""
+        self.schema = schema
+        self.pooler = pooler
+        self._limits = limits
+        self._dsn = dsn
+        self._q = Queries(schema)
+        #: Pooler mode: the limits as SET LOCAL, run first in each mutate transaction.
+        self._local_limits = self._limits.local_settings if self.pooler else None
+        #: Pooler mode: the same as one statement, pipelined ahead of each read.
+        self._local_config = self._limits.local_config if self.pooler else None
+        # Pooler mode sets nothing per session: the limits go per transaction
+        # (mutate), and the fast path sends unnamed statements.
+        self._fast = AsyncFastPath(
+            schema,
+            None if self.pooler else self._limits.settings,
+            self._limits,
+            pooler=self.pooler,
+        )
+        self._min_size = min_size
+        self._max_size = limits.max_size
+        self._auto_migrate = auto_migrate
+        self._connect_timeout = connect_timeout
+        self._pool: AsyncConnectionPool[AsyncConn] | None = None
+        self._conns: AsyncConnectionStack | None = None
+
+    @property
+    def limits(self) -> _core.Limits:
+        """The store's statement, lock and pool time limits (as its errors name them)."""
+        return self._limits
+
+    async def open(self) -> None:
+        """Connect once, migrate (or check), then open the pool and the LIFO stack."""
+        if self._pool is not None:
+            return
+        # Starting the embedded server blocks for about a second: keep a loop free.
+        dsn = await asyncio.to_thread(resolve_dsn, self._dsn)  # sync: dsn = resolve_dsn(self._dsn)
+        self.dsn = dsn
+        kwargs = _core.connect_kwargs(self.schema, self.pooler)
+        # One direct connection first: a bad DSN or a down server fails fast with
+        # one clear error instead of a pool retrying in the background. Migrations
+        # run without the time limits: they wait for each other on purpose.
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                dsn, connect_timeout=math.ceil(self._connect_timeout), **kwargs
+            )
+        except psycopg.OperationalError as exc:
+            raise _core.unavailable(exc, dsn=dsn) from exc
+        try:
+            async with conn:
+                if self._auto_migrate:
+                    await migrate_async(conn, self.schema)
+                else:
+                    _core.require_migrated(await migration_state_async(conn, self.schema))
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+        pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+            dsn,
+            min_size=self._min_size,
+            max_size=self._max_size,
+            kwargs=kwargs,
+            configure=self._configure,
+            timeout=self._limits.pool_timeout,
+            open=False,
+            name=f"pglease-{self.schema}",
+        )
+        try:
+            with _core.PoolConnectErrors(pool.name) as connect_errors:
+                await pool.open(wait=True, timeout=self._connect_timeout)
+        except BaseException as exc:
+            await pool.close()  # stop its workers; the caller gets the error
+            if isinstance(exc, psycopg.Error):
+                raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
+            raise
+        self._pool = pool
+        self._conns = AsyncConnectionStack(pool)
+
+    async def _configure(self, conn: AsyncConn) -> None:
+        """The pool calls this on connect: the time limits, then the fast path's
+        prepared statements (neither in pooler mode, where session state would
+        land on a random server)."""
+        await self._set_limits(conn)
+        await self._fast.prepare_on_connect_async(conn)
+
+    async def _set_limits(self, conn: AsyncConn) -> None:
+        """Set the time limits for the session (not in pooler mode)."""
+        if not self.pooler and (settings := self._limits.settings) is not None:
+            await conn.execute(settings)
+
+    def _error(self, exc: psycopg.Error) -> PgleaseError:
+        return _core.driver_error(exc, self._limits, self.dsn)
+
+    @property
+    def _stack(self) -> AsyncConnectionStack:
+        if self._conns is None:
+            raise StoreClosedError(_NOT_OPEN)
+        return self._conns
+
+    async def _take(self, conns: AsyncConnectionStack, fast: bool = False) -> AsyncConn:
+        """A live connection (`fast`: for `_write`); the pool's errors as PgleaseErrors
+        (nothing was sent)."""
+        try:
+            return await conns.take(fast)
+        except psycopg.Error as exc:
+            raise self._error(exc) from exc
+
+    async def _read(self, fn: Callable[[AsyncConn], Awaitable[T]], bounded: bool = True) -> T:
+        """Run a read (or an idempotent write) once more on a fresh connection when
+        the connection breaks under it: running it twice is harmless.
+
+        In pooler mode `fn` runs in a transaction that starts with the limits as
+        SET LOCAL (pipelined with it: BEGIN, the SETs and the first statement
+        go in one round trip), since no session SET bounds it there."""
+        conns = self._stack
+        for attempt in (1, 2):
+            conn = await self._take(conns)
+            try:
+                if bounded and self._local_config is not None:
+                    async with conn.pipeline(), conn.transaction():
+                        await conn.execute(self._local_config)
+                        return await fn(conn)
+                return await fn(conn)
+            except psycopg.Error as exc:
+                broken = conn.broken
+                if broken and attempt == 1:
+                    continue
+                if broken:
+                    raise _core.lost(exc, self.dsn) from exc
+                error = self._error(exc)
+                raise error from _core.cause_of(error, exc)
+            finally:
+                await conns.give_back(conn)
+        raise AssertionError("unreachable")
+
+    async def _write(
+        self, name: bytes, args: list[Any], unknown: Callable[[psycopg.Error], PgleaseError]
+    ) -> list[bytes]:
+        """One fast-path write. Retried once only when it certainly never ran; a
+        connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
+        conns = self._stack
+        for attempt in (1, 2):
+            conn = await self._take(conns, fast=True)
+            try:
+                return await self._fast.call_async(conn, name, args)
+            except NotSentError as exc:
+                if conn.broken and attempt == 1:
+                    continue
+                error = self._error(exc.cause)
+                raise error from _core.cause_of(error, exc.cause)
+            except psycopg.Error as exc:
+                if conn.broken:
+                    raise unknown(exc) from exc
+                error = self._error(exc)
+                raise error from _core.cause_of(error, exc)
+            finally:
+                await conns.give_back(conn)
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        """Close the pool, with the connections kept for reuse; closing twice is harmless."""
+        if self._pool is not None and self._conns is not None:
+            pool, conns, self._pool = self._pool, self._conns, None
+            # A blocking store keeps its stack: a call after close then gets the
+            # pool's PoolClosed, which the lease API reports as StoreClosedError.
+            self._conns = None  # sync: -
+            await conns.drain()
+            await pool.close()
+
+    # async-only: begin
+    @property
+    def pool(self) -> AsyncConnectionPool[AsyncConn]:
+        """The psycopg-pool (StoreClosedError when the store is not open)."""
+        if self._pool is None:
+            raise StoreClosedError(_NOT_OPEN)
+        return self._pool
+
+    # async-only: end
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConn]:
+        """Borrow a live autocommit connection from the store's pool.
+
+        This is the driver's own connection: errors of the SQL run on it, and of
+        checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
+        """
+        async with self._stack.borrow() as conn:
+            yield conn
+
+    async def _row(self, query: bytes, args: list[Any]) -> Any:
+        """The first row of one read statement, or None (see `_read`)."""
+
+        async def read(conn: AsyncConn) -> Any:
+            cursor = await conn.execute(query, args)
+            return await cursor.fetchone()
+
+        return await self._read(read)
+
+    async def _rows(self, query: bytes, args: list[Any]) -> list[Any]:
+        """Every row of one read statement (see `_read`)."""
+
+        async def read(conn: AsyncConn) -> list[Any]:
+            cursor = await conn.execute(query, args)
+            return await cursor.fetchall()
+
+        return await self._read(read)
+
+    async def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names of those applied."""
+
+        async def run(conn: AsyncConn) -> list[str]:
+            if self.pooler:  # no session limits were set; none to lift or restore
+                return [m.label for m in await migrate_async(conn, self.schema)]
+            # Migrators queue on each other's lock and may run long: no limits.
+            await conn.execute(b"SET statement_timeout = 0; SET lock_timeout = 0")
+            try:
+                return [m.label for m in await migrate_async(conn, self.schema)]
+            finally:
+                if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                    await conn.execute(b"RESET statement_timeout; RESET lock_timeout")
+                    await self._set_limits(conn)
+                else:
+                    discard(conn)  # never reuse it without its limits
+
+        return await self._read(run, bounded=False)  # idempotent; migrators wait on purpose
+
+    async def ensure_resource(self, op: ops.EnsureOp) -> str:
+        row = await self._row(self._q.ensure, [op.resource_type, op.key])
+        assert row is not None  # the statement always returns the id
+        return str(row[0])
+
+    async def claim(self, op: ops.ClaimOp) -> Claim | None:
+        unknown = _core.claim_unknown(op.resource_id, op.owner, op.token, op.ttl, self.dsn)
+        claimed, generation, expires_at, revision = await self._write(
+            CLAIM, _common.claim_row(op), unknown
+        )
+        if claimed != b"t":
+            return None
+        return Claim(
+            op.resource_id,
+            op.owner,
+            op.token,
+            int(generation),
+            from_micros(expires_at),
+            int(revision),
+        )
+
+    async def renew(self, op: ops.RenewOp) -> Claim:
+        claim = op.claim
+        args = [*_lease_row(claim, op.token_sha256), op.ttl, op.expected_revision, op.now]
+        unknown = _core.renew_unknown(claim, self.dsn)
+        expires_at, revision = await self._write(RENEW, args, unknown)
+        return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
+
+    async def release(self, op: ops.ReleaseOp) -> int:
+        claim = op.claim
+        args = [*_lease_row(claim, op.token_sha256), op.expected_revision, op.now]
+        (revision,) = await self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
+        return int(revision)
+
+    async def mutate(
+        self, op: ops.MutateOp, apply: Callable[[AsyncConn], Awaitable[Any]] | None
+    ) -> MutationResult:
+        """`AsyncPostgresStore.mutate`: the permit check, `apply(conn)` and the event
+        in one transaction; psycopg errors of `apply`'s own SQL propagate unchanged."""
+        permit, lease, actor = op.permit, op.permit.lease, op.actor
+        args = [
+            permit.resource_id,
+            permit.expected_revision,
+            op.event_type,
+            lease.owner.type if lease else None,
+            lease.owner.id if lease else None,
+            lease.generation if lease else None,
+            op.lease_token_sha256,
+            actor.type if actor else None,
+            actor.id if actor else None,
+            op.payload_text,
+            op.now,
+        ]
+        conns = self._stack
+        conn = await self._take(conns)
+        phase = _core.BEGIN
+        try:
+            async with conn.transaction():
+                if self._local_limits is not None:
+                    await conn.execute(self._local_limits)
+                cursor = await conn.execute(self._q.mutate_begin, args)
+                row = await cursor.fetchone()
+                assert row is not None
+                phase = _core.APPLY
+                value = await apply(conn) if apply is not None else None
+                phase = _core.COMMIT  # leaving the block sends COMMIT
+        except psycopg.Error as exc:
+            error = _core.mutate_error(
+                exc, conn.broken, phase, permit, op.event_type, self._limits, self.dsn
+            )
+            if error is None:
+                raise
+            raise error from _core.cause_of(error, exc)
+        finally:
+            await conns.give_back(conn)
+        return MutationResult(permit.resource_id, row[0], row[1], value)
+
+    async def get(self, op: ops.GetOp) -> ResourceState:
+        row = await self._row(self._q.get, [op.now, op.resource_id])
+        if row is None:
+            raise UnknownResourceError(f"unknown resource {op.resource_id}")
+        return _core.parse_resource(row)
+
+    async def list_resources(self, op: ops.ListOp) -> list[ResourceState]:
+        args: list[Any]
+        if op.resource_type is None:
+            query, args = self._q.list_all, [op.now]
+        else:
+            query, args = self._q.list_type, [op.now, op.resource_type]
+        return [_core.parse_resource(r) for r in await self._rows(query, args)]
+
+    async def events(self, op: ops.EventsOp) -> list[Event]:
+        args = [op.resource_id, op.after_revision, op.limit]
+
+        async def read(conn: AsyncConn) -> list[Any]:
+            cursor = await conn.execute(self._q.events_of, args)
+            rows = await cursor.fetchall()
+            if not rows:
+                cursor = await conn.execute(self._q.resource_exists, [op.resource_id])
+                if await cursor.fetchone() is None:
+                    raise UnknownResourceError(f"unknown resource {op.resource_id}")
+            return rows
+
+        return [_core.parse_event(r) for r in await self._read(read)]
+
+    async def read_log(self, op: ops.ReadLogOp) -> list[Event]:
+        """No event is ever skipped, even when transactions commit out of id order:
+        the cursor is checked against this log in the same statement (cursor_check)."""
+        read = cursor_check.pg_read_after(self.schema, op.cursor, op.limit)
+        return read.events(await self._rows(read.query, read.args))
+
+
+def _lease_row(claim: Claim, token_sha256: bytes) -> list[Any]:
+    """The lease a renew or release names, as its SQL function's first arguments."""
+    return [claim.resource_id, claim.owner.type, claim.owner.id, claim.generation, token_sha256]

@@ -1,0 +1,255 @@
+# Generated from pglease/store/_store_async.py by tools/async_to_sync.py: do not edit.
+"""The lease store, written once above the store drivers.
+
+`AsyncLeaseStore` is the asyncio source; `LeaseStore` in
+`pglease/store/_store.py` is its generated blocking twin. What every backend
+shares lives here, once: the argument checks (`pglease._common`, before
+anything reaches a driver), the metrics (`_instrument.recorder`), building the
+driver's parameter objects (`pglease.driver.ops`), and the facade methods
+that hand the store to the runtime (`hold`, `acquire`, `elect`, `leader`,
+`watch`, through `pglease.driver.runtime_api`). The backends' stores
+(`PostgresStore`, `SqliteStore` and their asyncio twins) are thin
+constructors: a subclass that builds its driver.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+
+from .. import _common, _instrument
+from ..driver.runtime_api import Leader, runtime
+from ..errors import PgleaseError
+from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
+
+if TYPE_CHECKING:
+    from .._watch_common import HubTuning
+    from ..clock import Clock
+    from ..driver import RuntimeDriver
+    from ..driver.store import StoreDriver
+    from ..runtime import Election, HeldLease
+
+C = TypeVar("C")
+W = TypeVar("W")
+T = TypeVar("T")
+
+
+class LeaseStore(ABC, Generic[C, W]):
+    """Leases, revisions and the event log over one store driver.
+
+    `C` is the driver's connection type (what `connection()` lends and a
+    mutation's `apply` receives), `W` the type of the backend's watchers.
+    """
+
+    def __init__(self, driver: StoreDriver[C]) -> None:
+        self._driver = driver
+
+    def _open(self) -> None:
+        self._driver.open()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the store's connections; closing twice is harmless."""
+        self._driver.close()
+
+    def connection(self) -> AbstractContextManager[C]:
+        """Borrow one of the driver's own connections (autocommit).
+
+        Errors of the SQL run on it are the driver library's (the caller's own
+        statements), as are those of checking it out of a PostgreSQL pool.
+        """
+        return self._driver.connection()
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations; return the names of those applied."""
+        return self._driver.migrate()
+
+    def ensure_resource(self, resource_type: str, key: str) -> str:
+        """Create the resource if needed and return its deterministic id (no event)."""
+        return self._driver.ensure_resource(_common.ensure_op(resource_type, key))
+
+    def claim(
+        self,
+        resource_id: str,
+        owner: Owner,
+        ttl: float,
+        expected_revision: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> Claim | None:
+        """Take the lease, or return None while another holder's lease is unexpired."""
+        op = _common.claim_op(resource_id, owner, ttl, expected_revision, now)
+        try:
+            claim = self._driver.claim(op)
+        except PgleaseError as exc:
+            _instrument.recorder.claim(_instrument.claim_error(exc))
+            raise
+        _instrument.recorder.claim("held" if claim is None else "claimed")
+        return claim
+
+    def renew(
+        self,
+        claim: Claim,
+        ttl: float,
+        expected_revision: int | None = None,
+        *,
+        now: datetime | None = None,
+    ) -> Claim:
+        """Extend a current, unexpired lease; return the updated claim."""
+        op = _common.renew_op(claim, ttl, expected_revision, now)
+        try:
+            renewed = self._driver.renew(op)
+        except PgleaseError as exc:
+            _instrument.recorder.renewal("store", _instrument.lease_error(exc))
+            raise
+        _instrument.recorder.renewal("store", "renewed")
+        return renewed
+
+    def release(
+        self, claim: Claim, expected_revision: int | None = None, *, now: datetime | None = None
+    ) -> int:
+        """Give up a current lease (expired or not); return the new revision."""
+        op = _common.release_op(claim, expected_revision, now)
+        try:
+            revision = self._driver.release(op)
+        except PgleaseError as exc:
+            _instrument.recorder.release(_instrument.lease_error(exc))
+            raise
+        _instrument.recorder.release("released")
+        return revision
+
+    def mutate(
+        self,
+        permit: Permit,
+        event_type: str,
+        apply: Callable[[C], T] | None = None,
+        payload: Any = None,
+        *,
+        actor: Owner | None = None,
+        now: datetime | None = None,
+    ) -> MutationResult:
+        """Check the permit, run `apply(conn)` and append the event, all in one transaction.
+
+        `apply` gets the driver's own connection inside the transaction and must
+        not commit or roll back. Any exception (a stale permit, a lost lease, or
+        one raised by `apply`) rolls everything back: no revision bump, no
+        event, no payload. What `apply` raises propagates unchanged, its SQL's
+        own errors too (say a UniqueViolation or an IntegrityError); only what
+        pglease causes is mapped: a lost connection, the store's time limits,
+        pglease's own errors, trouble with a SQLite file. Never retried:
+        `apply` runs once.
+        """
+        op = _common.mutate_op(permit, event_type, payload, actor, now)
+        return self._driver.mutate(op, apply)
+
+    def get(self, resource_id: str, *, now: datetime | None = None) -> ResourceState:
+        """The resource with its lease state, judged by the store's clock (or `now`)."""
+        return self._driver.get(_common.get_op(resource_id, now))
+
+    def list_resources(
+        self, resource_type: str | None = None, *, now: datetime | None = None
+    ) -> list[ResourceState]:
+        """All resources (or those of one type), ordered by type and key."""
+        return self._driver.list_resources(_common.list_op(resource_type, now))
+
+    def events(self, resource_id: str, after_revision: int = 0, limit: int = 1000) -> list[Event]:
+        """A resource's events in revision order, after `after_revision`."""
+        return self._driver.events(_common.events_op(resource_id, after_revision, limit))
+
+    def events_after(self, cursor: str | None = None, limit: int = 1000) -> list[Event]:
+        """Committed events after `cursor` (None or "start": from the beginning).
+
+        Pass the last event's `cursor` to get the next page; no event is ever
+        skipped or repeated, even when transactions commit out of id order.
+        """
+        return self._driver.read_log(_common.read_log_op(cursor, limit))
+
+    # --- fleet runtime (see pglease.runtime) -------------------------------------------
+
+    @abstractmethod
+    def runtime_driver(self) -> RuntimeDriver:
+        """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
+
+    def hold(
+        self, resource_type: str, key: str, owner: Owner, ttl: float, **options: Any
+    ) -> AbstractContextManager[HeldLease]:
+        """Hold a lease for a block, renewed by a keeper: ``(async) with
+        store.hold(type, key, owner, ttl) as lease:``; see `pglease.runtime.hold`
+        (and `hold_async`)."""
+        hold = runtime().hold
+        return hold(self, resource_type, key, owner, ttl, **options)
+
+    def acquire(
+        self,
+        resource_type: str,
+        key: str,
+        owner: Owner,
+        ttl: float,
+        timeout: float | None = None,
+        **options: Any,
+    ) -> Claim:
+        """Wait for the lease and claim it (``fair=True``: in arrival order); see
+        `pglease.runtime.acquire` (and `acquire_async`)."""
+        acquire = runtime().acquire
+        return acquire(self, resource_type, key, owner, ttl, timeout, **options)
+
+    def elect(self, name: str, candidate: Owner, **options: Any) -> Election:
+        """Campaign for leadership of `name`; see `pglease.runtime.elect` (and `elect_async`)."""
+        elect = runtime().elect
+        election: Election = elect(self, name, candidate, **options)
+        return election
+
+    def leader(self, name: str) -> Leader | None:
+        """The current leader of election `name` and its generation, if any."""
+        leader = runtime().leader
+        return leader(self, name)
+
+    def watch(
+        self,
+        *,
+        after: str | None = "now",
+        types: Iterable[str] | str | None = None,
+        resources: Iterable[str] | str | None = None,
+        event_types: Iterable[str] | str | None = None,
+        mode: str | None = None,
+        interval: float | None = None,
+        max_pending: int = 10_000,
+        retry_window: float = 30.0,
+        clock: Clock | None = None,
+        tuning: HubTuning | None = None,
+    ) -> W:
+        """Stream committed events gap-free from `after` (a cursor, "now" or "start").
+
+        A watcher more than `max_pending` events behind the stream reads the
+        missed span from the log itself (bounded memory, nothing lost). Errors
+        that cannot heal, or that last `retry_window` seconds, reach the consumer
+        as `WatchFailedError`; `watcher.health` tells the last error and the lag.
+        On PostgreSQL `mode` defaults to "listen", or "poll" in pooler mode
+        (where "listen" is refused: a pooler does not keep a LISTEN's session);
+        SQLite polls the event table every `interval` seconds (50 ms default),
+        refuses "listen" and ignores `tuning` (no hub). See
+        `pglease.watch.Watcher` and `pglease.sqlite.watch`."""
+        return self._watcher(
+            after=after,
+            types=types,
+            resources=resources,
+            event_types=event_types,
+            mode=mode,
+            interval=interval,
+            max_pending=max_pending,
+            retry_window=retry_window,
+            clock=clock,
+            tuning=tuning,
+        )
+
+    @abstractmethod
+    def _watcher(self, **options: Any) -> W:
+        """The backend's watcher over this store (`watch`'s arguments, checked there)."""
