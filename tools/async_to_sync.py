@@ -40,6 +40,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/_migrate_async.py", "pglease/_migrate.py"),
     ("pglease/sessions/postgres_async.py", "pglease/sessions/postgres.py"),
     ("pglease/sessions/session_async.py", "pglease/sessions/session.py"),
+    ("pglease/sessions/_protocol_async.py", "pglease/sessions/_protocol.py"),
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
     ("pglease/postgres/async_store.py", "pglease/postgres/store.py"),
     ("pglease/watch/_watcher_async.py", "pglease/watch/_watcher.py"),
