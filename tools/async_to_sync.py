@@ -44,6 +44,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/sessions/_conveniences_async.py", "pglease/sessions/_conveniences.py"),
     ("pglease/sessions/_handle_async.py", "pglease/sessions/_handle.py"),
     ("pglease/sessions/_repo_async.py", "pglease/sessions/_repo.py"),
+    ("pglease/sessions/_file_channel_async.py", "pglease/sessions/_file_channel.py"),
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
     ("pglease/postgres/async_store.py", "pglease/postgres/store.py"),
     ("pglease/watch/_watcher_async.py", "pglease/watch/_watcher.py"),

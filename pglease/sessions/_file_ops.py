@@ -93,7 +93,10 @@ class SessionFile:
         self.on_lost = on_lost
         self.lock = threading.RLock()
         self.closed = False
+        #: Set when the handle starts closing: a loss reported after it is none.
+        self.closing = False
         self.lost = threading.Event()
+        self._lost_guard = threading.Lock()
 
     # -- state --
 
@@ -113,7 +116,9 @@ class SessionFile:
 
     def mark_lost(self, why: str = "no longer current") -> WriterLeaseLostError:
         """Record the loss (first time: run `on_lost`); the error to raise."""
-        with self.lock:
+        # Not under `lock`: the keeper's thread may report the loss while a
+        # caller's commit holds it.
+        with self._lost_guard:
             first = not self.lost.is_set()
             self.lost.set()
         if first and self.on_lost is not None:

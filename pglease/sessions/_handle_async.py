@@ -10,23 +10,25 @@ cancelled commit may still have committed (read the session to find out).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import sqlite3
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._compat_async import Background, to_thread
-from ..errors import PgleaseError
+from .._compat_async import to_thread
+from ..errors import LeaseLostError
+from ..runtime import AsyncHeldLease, AsyncKeeper, Timing
 from ._conveniences_async import AsyncConvenienceWrites
 from ._file_db import BUSY_TIMEOUT, NowMs
+from ._file_leases import FileLeases, file_claim
 from ._file_ops import SessionFile
 from .branch_index import BranchQuery
-from .errors import SessionClosedError, WriterLeaseLostError
 from .model import (
     AddUsage,
     AppendEntry,
@@ -42,30 +44,25 @@ from .model import (
 log = logging.getLogger("pglease.sessions")
 
 
-async def _renew_loop(
-    ref: weakref.ref[AsyncSqliteSession], interval: float, background: Background
-) -> None:
-    """Background renewal. Holds the handle only weakly: a forgotten handle's
-    lease simply expires. Warns when a beat comes late (GIL, GC, busy file)."""
-    last = time.monotonic()
-    while not await background.pause(interval):
-        handle = ref()
-        if handle is None:
-            return
-        try:
-            await handle.renew()
-            now = time.monotonic()
-            if now - last > interval * 1.5:
-                log.warning(
-                    "session %s: lease renewal came %.3f s late", handle.id, now - last - interval
-                )
-            last = now
-        except (WriterLeaseLostError, SessionClosedError):
-            return
-        except PgleaseError as exc:  # busy file, I/O: try again next beat
-            log.warning("session %s: lease renewal failed, will retry: %s", handle.id, exc)
-        finally:
-            del handle
+@dataclass
+class AsyncLeaseKeeping:
+    """Who renews the writer leases of a repository's handles: its keeper, the
+    open files the keeper's beats renew, and the timing of every lease."""
+
+    keeper: AsyncKeeper
+    leases: FileLeases
+    timing: Timing
+    # async-only: begin
+    #: The event loop the keeper's task runs on.
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    # async-only: end
+
+
+def _keeper_lost(ref: weakref.ref[SessionFile], error: LeaseLostError) -> None:
+    """The keeper lost the lease: the handle refuses further work from now on."""
+    file = ref()
+    if file is not None and not file.closing:
+        file.mark_lost(f"no longer held: {error}")
 
 
 def _lost_hook(
@@ -86,9 +83,9 @@ def _lost_hook(
 class AsyncSqliteSession(AsyncConvenienceWrites):
     """A writer handle on one session file, holding its writer lease.
 
-    Created by the repository's `create/open/fork`. The lease is renewed in
-    the background every `renew_interval` seconds and inside every commit's
-    own transaction, where the fence is checked. Once the lease is lost the
+    Created by the repository's `create/open/fork`. The lease is renewed by
+    the repository's keeper (`keeping`; none: no background renewal) and
+    inside every commit's own transaction, where the fence is checked. Once the lease is lost the
     handle raises `WriterLeaseLostError` for everything but `close()`.
     """
 
@@ -101,8 +98,9 @@ class AsyncSqliteSession(AsyncConvenienceWrites):
         owner_id: str,
         fence: int,
         lease_seconds: float,
-        renew_interval: float | None,
         now_ms: NowMs,
+        keeping: AsyncLeaseKeeping | None = None,
+        requested_at: float = 0.0,
         on_close: Callable[[AsyncSqliteSession], None] | None = None,
         on_lost: Callable[[AsyncSqliteSession], None] | None = None,
         busy_timeout: float = BUSY_TIMEOUT,
@@ -122,12 +120,13 @@ class AsyncSqliteSession(AsyncConvenienceWrites):
         self._on_close = on_close
         #: Set once the writer lease is known lost (from any thread).
         self.lost: threading.Event = self._file.lost
-        self._renewer: Background | None = None
-        if renew_interval is not None:
-            self._renewer = Background(
-                functools.partial(_renew_loop, ref, renew_interval),
-                name=f"pglease-session-renew-{session_id}",
-            )
+        self._keeping = keeping
+        self._held: AsyncHeldLease | None = None
+        if keeping is not None:
+            # The keeper holds the file only weakly: a dropped handle's lease runs out.
+            keeping.leases.add(self._file)
+            self._held = keeping.keeper.add(file_claim(self._file), keeping.timing, requested_at)
+            self._held.on_lost(functools.partial(_keeper_lost, weakref.ref(self._file)))
 
     # -- identity --
 
@@ -174,8 +173,10 @@ class AsyncSqliteSession(AsyncConvenienceWrites):
         """Stop renewing, release the lease (if still ours) and close the file."""
         if self._file.closed:
             return
-        if self._renewer is not None:
-            await self._renewer.join()
+        self._file.closing = True  # what the keeper reports from now on is no loss
+        if self._keeping is not None and self._held is not None:
+            self._keeping.keeper.remove(self._held)
+            self._keeping.leases.remove(self._file)
         if await to_thread(self._file.close) and self._on_close is not None:
             self._on_close(self)
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._compat import to_thread
+from ..clock import SYSTEM_CLOCK, Clock
+from ..runtime import Keeper, Timing
 from ._dir import (
     SUFFIX,
     SessionListing,
@@ -34,8 +36,10 @@ from ._file_build import (
     fork_file,
     list_directory,
 )
+from ._file_channel import FileLeaseSource
 from ._file_db import BUSY_TIMEOUT, NowMs, wall_clock_ms
-from ._handle import SqliteSession
+from ._file_leases import FileLeases
+from ._handle import LeaseKeeping, SqliteSession
 from .errors import (
     InvalidSessionWriteError,
     SessionBusyError,
@@ -53,9 +57,15 @@ class SessionRepository:
 
     `lease_seconds` / `renew_interval` set the writer lease of handles this
     repository opens (30 s / 15 s; `renew_interval=None` disables the background
-    renewal). `now_ms` is the clock for lease expiry and timestamps. `on_lost`
-    is called (from the renewing thread or the caller) when a handle's lease
-    is found lost; each handle also exposes a `lost` event. `busy_timeout` is
+    renewal). The repository's keeper (`pglease.runtime`, one per repository,
+    started with its first handle, closed by `close()`) renews every open
+    handle's lease, one short write transaction per file; `clock` is its clock
+    (due times, trust windows; a test's `FakeClock`). `now_ms` is the clock for
+    lease expiry in the files and timestamps. `on_lost` is called (from the
+    keeper, or the caller that found out) when a handle's lease is found lost:
+    taken over, expired, or not renewed before the trust window
+    (`ttl - margin` after the last renewal) closed; each handle also exposes
+    a `lost` event. `busy_timeout` is
     how long a call waits for another connection's lock on a file before it
     raises `SessionFileBusyError` (5 s).
 
@@ -76,6 +86,7 @@ class SessionRepository:
         busy_timeout: float = BUSY_TIMEOUT,
         create: bool = True,
         clean_temp: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -105,6 +116,9 @@ class SessionRepository:
         self.renew_interval = renew_interval
         self.now_ms: NowMs = now_ms or wall_clock_ms
         self.on_lost = on_lost
+        #: The keeper's clock: due times and trust windows of the leases.
+        self.clock = clock
+        self._keeping: LeaseKeeping | None = None
         self._lock = threading.Lock()
         # weak: a handle the caller dropped stops renewing and its lease expires
         self._open: weakref.WeakValueDictionary[str, SqliteSession] = weakref.WeakValueDictionary()
@@ -140,15 +154,49 @@ class SessionRepository:
             if self._open.get(handle.id) is handle:
                 del self._open[handle.id]
 
+    @property
+    def keeper(self) -> Keeper | None:
+        """The keeper renewing this repository's leases (None before the first
+        handle, after `close()`, and without `renew_interval`)."""
+        return None if self._keeping is None else self._keeping.keeper
+
+    def _keeper(self) -> LeaseKeeping | None:
+        """The keeper of this repository's leases, started on first use (none
+        without `renew_interval`)."""
+        if self.renew_interval is None:
+            return None
+        keeping = self._keeping
+        if keeping is None:
+            interval = self.renew_interval
+            # Not `Timing.of`: the documented interval may exceed ttl/3 (15 s of 30 s).
+            timing = Timing(
+                self.lease_seconds, interval, min(self.lease_seconds / 10, interval / 2)
+            )
+            source = FileLeaseSource(FileLeases())
+            keeper = Keeper(source, clock=self.clock)
+            keeping = self._keeping = LeaseKeeping(keeper, source.leases, timing)
+            # The keeper stops once neither the repository nor a handle refers to
+            # it (the asyncio one with its event loop).
+            weakref.finalize(keeping, keeper.close)
+        return keeping
+
     def _claim(self, lease: NewLease) -> SqliteSession:
         """Open `lease.session_id`'s file and claim its writer lease (for a file
         just published, the lease we wrote: same owner, fence 1)."""
         path = self.path_for(lease.session_id)
+        keeping = self._keeper()
+        requested_at = self.clock.monotonic()
         conn, fence = to_thread(claim_file, path, lease, self.busy_timeout)
-        return self._handle(lease, path, conn, fence)
+        return self._handle(lease, path, conn, fence, keeping, requested_at)
 
     def _handle(
-        self, lease: NewLease, path: Path, conn: sqlite3.Connection, fence: int
+        self,
+        lease: NewLease,
+        path: Path,
+        conn: sqlite3.Connection,
+        fence: int,
+        keeping: LeaseKeeping | None,
+        requested_at: float,
     ) -> SqliteSession:
         handle = SqliteSession(
             session_id=lease.session_id,
@@ -157,8 +205,9 @@ class SessionRepository:
             owner_id=lease.owner_id,
             fence=fence,
             lease_seconds=self.lease_seconds,
-            renew_interval=self.renew_interval,
             now_ms=self.now_ms,
+            keeping=keeping,
+            requested_at=requested_at,
             on_close=self._forget,
             on_lost=self.on_lost,
             busy_timeout=self.busy_timeout,
@@ -273,6 +322,9 @@ class SessionRepository:
             handles = list(self._open.values())
         for handle in handles:
             handle.close()
+        keeping, self._keeping = self._keeping, None
+        if keeping is not None:
+            keeping.keeper.close()
 
     def __enter__(self) -> SessionRepository:
         return self

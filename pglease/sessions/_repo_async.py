@@ -6,6 +6,7 @@ asyncio repository runs it in a worker thread, the blocking one directly.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import threading
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._compat_async import to_thread
+from ..clock import SYSTEM_CLOCK, Clock
+from ..runtime import AsyncKeeper, Timing
 from ._dir import (
     SUFFIX,
     SessionListing,
@@ -33,8 +36,10 @@ from ._file_build import (
     fork_file,
     list_directory,
 )
+from ._file_channel_async import AsyncFileLeaseSource
 from ._file_db import BUSY_TIMEOUT, NowMs, wall_clock_ms
-from ._handle_async import AsyncSqliteSession
+from ._file_leases import FileLeases
+from ._handle_async import AsyncLeaseKeeping, AsyncSqliteSession
 from .errors import (
     InvalidSessionWriteError,
     SessionBusyError,
@@ -52,9 +57,15 @@ class AsyncSessionRepository:
 
     `lease_seconds` / `renew_interval` set the writer lease of handles this
     repository opens (30 s / 15 s; `renew_interval=None` disables the background
-    renewal). `now_ms` is the clock for lease expiry and timestamps. `on_lost`
-    is called (from the renewing thread or the caller) when a handle's lease
-    is found lost; each handle also exposes a `lost` event. `busy_timeout` is
+    renewal). The repository's keeper (`pglease.runtime`, one per repository,
+    started with its first handle, closed by `close()`) renews every open
+    handle's lease, one short write transaction per file; `clock` is its clock
+    (due times, trust windows; a test's `FakeClock`). `now_ms` is the clock for
+    lease expiry in the files and timestamps. `on_lost` is called (from the
+    keeper, or the caller that found out) when a handle's lease is found lost:
+    taken over, expired, or not renewed before the trust window
+    (`ttl - margin` after the last renewal) closed; each handle also exposes
+    a `lost` event. `busy_timeout` is
     how long a call waits for another connection's lock on a file before it
     raises `SessionFileBusyError` (5 s).
 
@@ -75,6 +86,7 @@ class AsyncSessionRepository:
         busy_timeout: float = BUSY_TIMEOUT,
         create: bool = True,
         clean_temp: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidSessionWriteError(f"lease_seconds must be > 0, got {lease_seconds!r}")
@@ -104,6 +116,9 @@ class AsyncSessionRepository:
         self.renew_interval = renew_interval
         self.now_ms: NowMs = now_ms or wall_clock_ms
         self.on_lost = on_lost
+        #: The keeper's clock: due times and trust windows of the leases.
+        self.clock = clock
+        self._keeping: AsyncLeaseKeeping | None = None
         self._lock = threading.Lock()
         # weak: a handle the caller dropped stops renewing and its lease expires
         self._open: weakref.WeakValueDictionary[str, AsyncSqliteSession] = (
@@ -141,15 +156,53 @@ class AsyncSessionRepository:
             if self._open.get(handle.id) is handle:
                 del self._open[handle.id]
 
+    @property
+    def keeper(self) -> AsyncKeeper | None:
+        """The keeper renewing this repository's leases (None before the first
+        handle, after `close()`, and without `renew_interval`)."""
+        return None if self._keeping is None else self._keeping.keeper
+
+    def _keeper(self) -> AsyncLeaseKeeping | None:
+        """The keeper of this repository's leases, started on first use (none
+        without `renew_interval`)."""
+        if self.renew_interval is None:
+            return None
+        keeping = self._keeping
+        # async-only: begin
+        if keeping is not None and keeping.loop is not asyncio.get_running_loop():
+            keeping = None  # a keeper task runs on one event loop only
+        # async-only: end
+        if keeping is None:
+            interval = self.renew_interval
+            # Not `Timing.of`: the documented interval may exceed ttl/3 (15 s of 30 s).
+            timing = Timing(
+                self.lease_seconds, interval, min(self.lease_seconds / 10, interval / 2)
+            )
+            source = AsyncFileLeaseSource(FileLeases())
+            keeper = AsyncKeeper(source, clock=self.clock)
+            keeping = self._keeping = AsyncLeaseKeeping(keeper, source.leases, timing)
+            # The keeper stops once neither the repository nor a handle refers to
+            # it (the asyncio one with its event loop).
+            # sync: weakref.finalize(keeping, keeper.close)
+        return keeping
+
     async def _claim(self, lease: NewLease) -> AsyncSqliteSession:
         """Open `lease.session_id`'s file and claim its writer lease (for a file
         just published, the lease we wrote: same owner, fence 1)."""
         path = self.path_for(lease.session_id)
+        keeping = self._keeper()
+        requested_at = self.clock.monotonic()
         conn, fence = await to_thread(claim_file, path, lease, self.busy_timeout)
-        return self._handle(lease, path, conn, fence)
+        return self._handle(lease, path, conn, fence, keeping, requested_at)
 
     def _handle(
-        self, lease: NewLease, path: Path, conn: sqlite3.Connection, fence: int
+        self,
+        lease: NewLease,
+        path: Path,
+        conn: sqlite3.Connection,
+        fence: int,
+        keeping: AsyncLeaseKeeping | None,
+        requested_at: float,
     ) -> AsyncSqliteSession:
         handle = AsyncSqliteSession(
             session_id=lease.session_id,
@@ -158,8 +211,9 @@ class AsyncSessionRepository:
             owner_id=lease.owner_id,
             fence=fence,
             lease_seconds=self.lease_seconds,
-            renew_interval=self.renew_interval,
             now_ms=self.now_ms,
+            keeping=keeping,
+            requested_at=requested_at,
             on_close=self._forget,
             on_lost=self.on_lost,
             busy_timeout=self.busy_timeout,
@@ -276,6 +330,9 @@ class AsyncSessionRepository:
             handles = list(self._open.values())
         for handle in handles:
             await handle.close()
+        keeping, self._keeping = self._keeping, None
+        if keeping is not None:
+            await keeping.keeper.aclose()
 
     async def __aenter__(self) -> AsyncSessionRepository:
         return self
