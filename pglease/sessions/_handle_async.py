@@ -25,7 +25,6 @@ from .._compat_async import to_thread
 from ..errors import LeaseLostError
 from ..runtime import AsyncHeldLease, AsyncKeeper, Timing
 from ._conveniences_async import AsyncConvenienceWrites
-from ._file_db import BUSY_TIMEOUT, NowMs
 from ._file_leases import FileLeases, file_claim
 from ._file_ops import SessionFile
 from .branch_index import BranchQuery
@@ -83,40 +82,24 @@ def _lost_hook(
 class AsyncSqliteSession(AsyncConvenienceWrites):
     """A writer handle on one session file, holding its writer lease.
 
-    Created by the repository's `create/open/fork`. The lease is renewed by
-    the repository's keeper (`keeping`; none: no background renewal) and
-    inside every commit's own transaction, where the fence is checked. Once the lease is lost the
-    handle raises `WriterLeaseLostError` for everything but `close()`.
+    Created by the repository's `create/open/fork` over the file it claimed.
+    The lease is renewed by the repository's keeper (`keeping`; none: no
+    background renewal) and inside every commit's own transaction, where the
+    fence is checked. Once the lease is lost the handle raises
+    `WriterLeaseLostError` for everything but `close()`.
     """
 
     def __init__(
         self,
+        file: SessionFile,
         *,
-        session_id: str,
-        path: Path,
-        conn: sqlite3.Connection,
-        owner_id: str,
-        fence: int,
-        lease_seconds: float,
-        now_ms: NowMs,
         keeping: AsyncLeaseKeeping | None = None,
         requested_at: float = 0.0,
         on_close: Callable[[AsyncSqliteSession], None] | None = None,
         on_lost: Callable[[AsyncSqliteSession], None] | None = None,
-        busy_timeout: float = BUSY_TIMEOUT,
     ) -> None:
-        ref = weakref.ref(self)
-        self._file = SessionFile(
-            session_id=session_id,
-            path=path,
-            conn=conn,
-            owner_id=owner_id,
-            fence=fence,
-            lease_ms=round(lease_seconds * 1000),
-            now_ms=now_ms,
-            busy_timeout=busy_timeout,
-            on_lost=_lost_hook(ref, on_lost),
-        )
+        self._file = file
+        file.on_lost = _lost_hook(weakref.ref(self), on_lost)
         self._on_close = on_close
         #: Set once the writer lease is known lost (from any thread).
         self.lost: threading.Event = self._file.lost

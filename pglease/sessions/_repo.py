@@ -39,6 +39,7 @@ from ._file_build import (
 from ._file_channel import FileLeaseSource
 from ._file_db import BUSY_TIMEOUT, NowMs, wall_clock_ms
 from ._file_leases import FileLeases
+from ._file_ops import SessionFile
 from ._handle import LeaseKeeping, SqliteSession
 from .errors import (
     InvalidSessionWriteError,
@@ -198,19 +199,22 @@ class SessionRepository:
         keeping: LeaseKeeping | None,
         requested_at: float,
     ) -> SqliteSession:
-        handle = SqliteSession(
+        file = SessionFile(
             session_id=lease.session_id,
             path=path,
             conn=conn,
             owner_id=lease.owner_id,
             fence=fence,
-            lease_seconds=self.lease_seconds,
+            lease_ms=lease.lease_ms,
             now_ms=self.now_ms,
+            busy_timeout=self.busy_timeout,
+        )
+        handle = SqliteSession(
+            file,
             keeping=keeping,
             requested_at=requested_at,
             on_close=self._forget,
             on_lost=self.on_lost,
-            busy_timeout=self.busy_timeout,
         )
         with self._lock:
             self._open[lease.session_id] = handle

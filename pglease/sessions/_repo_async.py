@@ -39,6 +39,7 @@ from ._file_build import (
 from ._file_channel_async import AsyncFileLeaseSource
 from ._file_db import BUSY_TIMEOUT, NowMs, wall_clock_ms
 from ._file_leases import FileLeases
+from ._file_ops import SessionFile
 from ._handle_async import AsyncLeaseKeeping, AsyncSqliteSession
 from .errors import (
     InvalidSessionWriteError,
@@ -204,19 +205,22 @@ class AsyncSessionRepository:
         keeping: AsyncLeaseKeeping | None,
         requested_at: float,
     ) -> AsyncSqliteSession:
-        handle = AsyncSqliteSession(
+        file = SessionFile(
             session_id=lease.session_id,
             path=path,
             conn=conn,
             owner_id=lease.owner_id,
             fence=fence,
-            lease_seconds=self.lease_seconds,
+            lease_ms=lease.lease_ms,
             now_ms=self.now_ms,
+            busy_timeout=self.busy_timeout,
+        )
+        handle = AsyncSqliteSession(
+            file,
             keeping=keeping,
             requested_at=requested_at,
             on_close=self._forget,
             on_lost=self.on_lost,
-            busy_timeout=self.busy_timeout,
         )
         with self._lock:
             self._open[lease.session_id] = handle
