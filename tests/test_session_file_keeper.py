@@ -59,6 +59,12 @@ def make_repo(request: pytest.FixtureRequest) -> Iterator[MakeRepo]:
             loop.close()
 
 
+def file_clock(clock: FakeClock) -> Callable[[], int]:
+    """The files' expiry clock on the same fake time as the keeper's: a slow
+    host cannot run a lease out between two beats a test makes."""
+    return lambda: int(clock.time() * 1000)
+
+
 def wait_for(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT
     while not condition():
@@ -162,6 +168,7 @@ def test_a_beat_on_a_locked_file_retries_until_the_trust_window_closes(
         renew_interval=1,
         busy_timeout=0.1,
         clock=clock,
+        now_ms=file_clock(clock),
         on_lost=lambda h: lost.append(h.id),
     )
     session = repo.create("locked")
@@ -196,7 +203,14 @@ def test_a_beat_that_got_through_after_busy_ones_keeps_the_lease(
     tmp_path: Path, make_repo: MakeRepo
 ) -> None:
     clock = FakeClock()
-    repo = make_repo(tmp_path, lease_seconds=3, renew_interval=1, busy_timeout=0.1, clock=clock)
+    repo = make_repo(
+        tmp_path,
+        lease_seconds=3,
+        renew_interval=1,
+        busy_timeout=0.1,
+        clock=clock,
+        now_ms=file_clock(clock),
+    )
     session = repo.create("relieved")
     keeper = repo.keeper
     assert keeper is not None
@@ -246,6 +260,7 @@ def test_closing_is_no_loss_and_stops_the_keeper(tmp_path: Path, make_repo: Make
         lease_seconds=3,
         renew_interval=1,
         clock=clock,
+        now_ms=file_clock(clock),
         on_lost=lambda h: lost.append(h.id),
     )
     first = repo.create("a")
@@ -273,3 +288,22 @@ def test_without_renew_interval_there_is_no_keeper(tmp_path: Path, make_repo: Ma
     assert repo.keeper is None
     session.renew()  # the explicit renewal still works
     assert not session.lost.is_set()
+
+
+def test_an_interval_close_to_the_lease_length_still_keeps_the_lease(
+    tmp_path: Path, make_repo: MakeRepo
+) -> None:
+    clock = FakeClock()
+    # Allowed since before the keeper (0 < interval < lease): the trust
+    # window's margin shrinks so that each beat still comes before it closes.
+    repo = make_repo(
+        tmp_path, lease_seconds=1.0, renew_interval=0.9, clock=clock, now_ms=file_clock(clock)
+    )
+    session = repo.create("tight")
+    keeper = repo.keeper
+    assert keeper is not None
+    for beat in (1, 2, 3):
+        clock.advance(0.9)
+        wait_for(lambda b=beat: keeper.stats.renewed >= b, f"renewal {beat}")
+        assert not session.lost.is_set()
+    assert session.set_register("k", "x", 1) > 0

@@ -166,20 +166,21 @@ class SessionRepository:
         without `renew_interval`)."""
         if self.renew_interval is None:
             return None
-        keeping = self._keeping
-        if keeping is None:
-            interval = self.renew_interval
-            # Not `Timing.of`: the documented interval may exceed ttl/3 (15 s of 30 s).
-            timing = Timing(
-                self.lease_seconds, interval, min(self.lease_seconds / 10, interval / 2)
-            )
-            source = FileLeaseSource(FileLeases())
-            keeper = Keeper(source, clock=self.clock)
-            keeping = self._keeping = LeaseKeeping(keeper, source.leases, timing)
-            # The keeper stops once neither the repository nor a handle refers to
-            # it (the asyncio one with its event loop).
-            weakref.finalize(keeping, keeper.close)
-        return keeping
+        with self._lock:  # one keeper, whichever thread opens first
+            keeping = self._keeping
+            if keeping is None:
+                ttl, interval = self.lease_seconds, self.renew_interval
+                # Not `Timing.of`: the documented interval may exceed ttl/3 (15 s of
+                # 30 s). The margin leaves the first beat time before the window
+                # closes, however close to the lease length the interval is.
+                timing = Timing(ttl, interval, min(ttl / 10, interval / 2, (ttl - interval) / 2))
+                source = FileLeaseSource(FileLeases())
+                keeper = Keeper(source, clock=self.clock)
+                keeping = self._keeping = LeaseKeeping(keeper, source.leases, timing)
+                # The keeper stops once neither the repository nor a handle refers to
+                # it (the asyncio one with its event loop).
+                weakref.finalize(keeping, keeper.close)
+            return keeping
 
     def _claim(self, lease: NewLease) -> SqliteSession:
         """Open `lease.session_id`'s file and claim its writer lease (for a file

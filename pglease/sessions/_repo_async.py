@@ -168,24 +168,25 @@ class AsyncSessionRepository:
         without `renew_interval`)."""
         if self.renew_interval is None:
             return None
-        keeping = self._keeping
-        # async-only: begin
-        if keeping is not None and keeping.loop is not asyncio.get_running_loop():
-            keeping = None  # a keeper task runs on one event loop only
-        # async-only: end
-        if keeping is None:
-            interval = self.renew_interval
-            # Not `Timing.of`: the documented interval may exceed ttl/3 (15 s of 30 s).
-            timing = Timing(
-                self.lease_seconds, interval, min(self.lease_seconds / 10, interval / 2)
-            )
-            source = AsyncFileLeaseSource(FileLeases())
-            keeper = AsyncKeeper(source, clock=self.clock)
-            keeping = self._keeping = AsyncLeaseKeeping(keeper, source.leases, timing)
-            # The keeper stops once neither the repository nor a handle refers to
-            # it (the asyncio one with its event loop).
-            # sync: weakref.finalize(keeping, keeper.close)
-        return keeping
+        with self._lock:  # one keeper, whichever thread opens first
+            keeping = self._keeping
+            # async-only: begin
+            if keeping is not None and keeping.loop is not asyncio.get_running_loop():
+                keeping = None  # a keeper task runs on one event loop only
+            # async-only: end
+            if keeping is None:
+                ttl, interval = self.lease_seconds, self.renew_interval
+                # Not `Timing.of`: the documented interval may exceed ttl/3 (15 s of
+                # 30 s). The margin leaves the first beat time before the window
+                # closes, however close to the lease length the interval is.
+                timing = Timing(ttl, interval, min(ttl / 10, interval / 2, (ttl - interval) / 2))
+                source = AsyncFileLeaseSource(FileLeases())
+                keeper = AsyncKeeper(source, clock=self.clock)
+                keeping = self._keeping = AsyncLeaseKeeping(keeper, source.leases, timing)
+                # The keeper stops once neither the repository nor a handle refers to
+                # it (the asyncio one with its event loop).
+                # sync: weakref.finalize(keeping, keeper.close)
+            return keeping
 
     async def _claim(self, lease: NewLease) -> AsyncSqliteSession:
         """Open `lease.session_id`'s file and claim its writer lease (for a file
