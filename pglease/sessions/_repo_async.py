@@ -337,6 +337,10 @@ class AsyncSessionRepository:
             await handle.close()
         keeping, self._keeping = self._keeping, None
         if keeping is not None:
+            # async-only: begin
+            if keeping.loop is not asyncio.get_running_loop():
+                return  # its task ended with the loop it ran on
+            # async-only: end
             await keeping.keeper.aclose()
 
     async def __aenter__(self) -> AsyncSessionRepository:
