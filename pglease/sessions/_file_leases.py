@@ -11,7 +11,9 @@ clock (the repository's `now_ms`), as `SqliteSession.renew` judges it:
 * 'busy': the handle is using its connection right now (a commit, which
   renews in its own transaction) or the file stayed locked past its
   `busy_timeout`: the keeper retries soon, until the trust window closes;
-* 'unknown': the handle is gone (dropped or closed): its lease runs out.
+* 'unknown': the handle was dropped without closing: its lease runs out.
+  (A file whose handle is closing answers 'busy' to a beat already under
+  way: the keeper stopped tracking it, and closing is no loss.)
 
 Blocking functions; the asyncio keeper calls them in a worker thread.
 """
@@ -66,13 +68,9 @@ class FileLeases:
         self._inflight: sqlite3.Connection | None = None
 
     def add(self, file: SessionFile) -> None:
+        """Renew `file`'s lease from now on (until its handle closes or is dropped)."""
         with self._lock:
             self._files[file.id] = file
-
-    def remove(self, file: SessionFile) -> None:
-        with self._lock:
-            if self._files.get(file.id) is file:
-                del self._files[file.id]
 
     def _current(self, claim: Claim) -> SessionFile | None:
         with self._lock:
@@ -98,8 +96,10 @@ class FileLeases:
         if not file.lock.acquire(blocking=False):
             return HeartbeatResult(file.id, "busy", None, None)
         try:
-            if file.closed:
-                return HeartbeatResult(file.id, "unknown", None, None)
+            if file.closing or file.closed:
+                # Its handle gave it up (the keeper no longer tracks it): a beat
+                # already under way must not report that as a loss.
+                return HeartbeatResult(file.id, "busy", None, None)
             conn = file.conn
             with self._lock:
                 self._inflight = conn

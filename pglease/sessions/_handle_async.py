@@ -159,7 +159,6 @@ class AsyncSqliteSession(AsyncConvenienceWrites):
         self._file.closing = True  # what the keeper reports from now on is no loss
         if self._keeping is not None and self._held is not None:
             self._keeping.keeper.remove(self._held)
-            self._keeping.leases.remove(self._file)
         if await to_thread(self._file.close) and self._on_close is not None:
             self._on_close(self)
 
