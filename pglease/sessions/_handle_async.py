@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import sqlite3
 import threading
 import weakref
@@ -39,8 +38,6 @@ from .model import (
     UsageRow,
     Write,
 )
-
-log = logging.getLogger("pglease.sessions")
 
 
 @dataclass
