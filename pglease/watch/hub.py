@@ -212,7 +212,8 @@ class Hub:
             listener.close()
 
     def _open(self) -> ChangeListener:
-        """Connect and (listen mode) LISTEN: the listener's `open` says why in that order."""
+        """Open a listener: in listen mode it LISTENs before any read, so nothing
+        committed after it returns can slip by (`ChangeListener.open`)."""
         listener = self._connect(
             ListenRequest(self.source, self.schema, self.mode == "listen", self.pooler)
         )
