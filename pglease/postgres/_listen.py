@@ -23,6 +23,7 @@ from psycopg.errors import error_from_result
 from .. import cursor_check
 from ..cursors import Cursor, Position
 from ..driver.listen_ops import ListenRequest, LogPage, LogReadError, PageOp
+from ..errors import ValidationError
 from ._watch_sql import WatchQueries, channel_name, log_read_error, parse_page, read_args
 
 #: The name of the hub's prepared read on its own connection.
@@ -49,7 +50,8 @@ class PgChangeListener:
 
     def __init__(self, request: ListenRequest) -> None:
         if request.pooler and request.listen:
-            raise ValueError("a listener in pooler mode cannot LISTEN")  # the watcher says why
+            # The watcher refuses this first, saying why; a listener must not try.
+            raise ValidationError("a listener in pooler mode cannot LISTEN")
         self.request = request
         self._q = WatchQueries(request.schema)
         self._channel = sql.Identifier(channel_name(request.schema))

@@ -45,10 +45,6 @@ END = Position(2**64 - 1, 2**63 - 1)
 PAGE = 1000
 
 
-#: A page of the log (the listen protocol's `LogPage`; the older name).
-Page = LogPage
-
-
 @dataclass(slots=True)
 class Batch:
     """What the hub hands every subscriber after a read."""
