@@ -64,9 +64,9 @@ Reads under load
     the listener takes it out after every read, and the hub's next wait
     returns at once, so the hub reads again instead of waiting. Async
     watchers of one event loop share one hub subscription (one cross-thread
-    call per batch); blocked sync watchers are
-    woken in a chain, each waking the next, instead of all fighting for the
-    GIL at once (`mailbox.WakeChain`).
+    call per batch); blocked sync watchers are woken in a chain, each waking
+    the next, instead of all fighting for the GIL at once
+    (`mailbox.WakeChain`).
 
 Slow consumers
     The hub never waits for a watcher. Each watcher has a mailbox bounded by
