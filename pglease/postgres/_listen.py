@@ -145,12 +145,13 @@ class PgChangeListener:
             # its writer's event would wait for the fallback poll.
             while pgconn.notifies() is not None:
                 self._woken = True
+            loader = self._loader
+            assert loader is not None
+            loader.set_pgresult(result)
+            rows = loader.load_rows(0, result.ntuples, tuple)
         except psycopg.Error as exc:
             raise log_read_error(exc, _WHAT) from exc
-        loader = self._loader
-        assert loader is not None
-        loader.set_pgresult(result)
-        return parse_page(loader.load_rows(0, result.ntuples, tuple), op.limit)
+        return parse_page(rows, op.limit)
 
     def check_position(self, cursor: Cursor) -> None:
         queries = cursor_check.pg_queries(self.request.schema)
