@@ -136,7 +136,13 @@ def bump_variants(dsn: str, schema: str) -> dict[str, str]:
         ).fetchone()
     assert row is not None
     src = str(row[0])
-    cond = re.search(r"IF (NOT v_marked\s+OR pg_try_advisory_xact_lock\(.*?) THEN", src, re.S)
+    # The election of the one notifying writer (sql/functions/10_core.sql).
+    cond = re.search(
+        r"IF (NOT (?:v_marked|pg_try_advisory_xact_lock_shared\(.*?\))"
+        r"\s+OR pg_try_advisory_xact_lock\(.*?) THEN",
+        src,
+        re.S,
+    )
     assert cond, "unexpected _bump text"
     return {
         "coalesced": src,
@@ -308,11 +314,11 @@ def watchers_main(
 
 def _backend_cpu_seconds(hub: Any) -> float | None:
     """CPU time of the hub connection's server process (local servers only)."""
-    conn = hub._conn
-    if conn is None:
+    pid = hub.backend_pid
+    if pid is None:
         return None
     try:
-        fields = _stat(conn.info.backend_pid)
+        fields = _stat(pid)
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -375,3 +375,8 @@ def make_health(
         reconnects=reconnects,
         last_read_at=_wall(last_read_wall),
     )
+
+
+def channel_name(schema: str) -> str:
+    """The NOTIFY channel of a schema; must match `left('pglease_@schema@', 63)` in SQL."""
+    return f"pglease_{schema}"[:63]

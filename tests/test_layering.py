@@ -108,3 +108,48 @@ def test_the_core_imports_no_driver() -> None:
         if "." in module and layer(module) == CORE:
             text = path.read_text()
             assert "import psycopg" not in text and "from psycopg" not in text, module
+
+
+#: The backend libraries and packages the runtime (`runtime/`, `fleet/`, `watch/`) may not
+#: import: it reaches a backend only through the driver protocols.
+_BACKENDS = ("psycopg", "psycopg_pool", "sqlite3", "pglease.postgres", "pglease.sqlite")
+_RUNTIME_PACKAGES = ("pglease.runtime", "pglease.fleet", "pglease.watch")
+
+#: Runtime modules that still import a backend, with why. The test fails when
+#: a new one appears and when a listed one no longer does (the list only shrinks).
+PENDING_BACKEND_IMPORTS: dict[str, str] = {
+    "pglease.watch.reaper": "moving behind the reap/prune protocol (issue 13, its own branch)",
+    "pglease.watch.prune": "moving behind the reap/prune protocol (issue 13, its own branch)",
+    "pglease.watch._core": "re-exports the reaper's and prune's SQL and store protocols",
+}
+
+
+def _backend_imports(path: Path) -> set[str]:
+    """The backend modules `path` imports (typing-only imports included: a
+    runtime module should not even name a driver's types)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                names = [".".join(base + ([node.module] if node.module else []))]
+            else:
+                names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        found.update(n for n in names for b in _BACKENDS if n == b or n.startswith(b + "."))
+    return found
+
+
+def test_the_runtime_imports_no_backend() -> None:
+    offenders: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        if module.startswith(_RUNTIME_PACKAGES) and (found := _backend_imports(path)):
+            offenders[module] = found
+    assert offenders.keys() - PENDING_BACKEND_IMPORTS.keys() == set(), offenders
+    assert PENDING_BACKEND_IMPORTS.keys() - offenders.keys() == set(), "fixed: unlist them"

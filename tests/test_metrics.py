@@ -338,10 +338,10 @@ def test_watch_reads_lag_and_reconnects(
         assert claim is not None
         event = watcher.get(timeout=60)
         assert event is not None and event.type == "lease.claimed"
-        assert hub._conn is not None
+        assert hub.backend_pid is not None
         # Kill the hub's server process: it reconnects and catches up.
         with psycopg.connect(pg_store.dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(%s)", [hub._conn.info.backend_pid])
+            conn.execute("SELECT pg_terminate_backend(%s)", [hub.backend_pid])
         pg_store.release(claim)
         event = watcher.get(timeout=60)
         assert event is not None and event.type == "lease.released"

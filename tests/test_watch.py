@@ -369,10 +369,10 @@ def test_hub_reconnects_and_catches_up(pg_store: PostgresStore, pg_dsn: str, mod
         cycle(pg_store, rid)
         assert [e.revision for e in drain(w, 2)] == [1, 2]
         hub = w._hub
-        assert hub is not None and hub._conn is not None
+        assert hub is not None and hub.backend_pid is not None
         connects = hub.connects
         with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", [hub._conn.info.backend_pid])
+            admin.execute("SELECT pg_terminate_backend(%s)", [hub.backend_pid])
         # Written while the hub's connection is gone: no NOTIFY reaches it.
         cycle(pg_store, rid)
         cycle(pg_store, rid)

@@ -220,14 +220,14 @@ def test_terminated_backend_heals_by_reconnect(
         hub = hub_of(w)
         cycle(pg_store, rid)
         for _ in range(3):
-            until(lambda: hub._conn is not None, "the hub to connect")
+            until(lambda: hub.backend_pid is not None, "the hub to connect")
             connects = hub.connects
             # Found the way an operator would: the reader role's backends.
             admin(
                 pg_dsn,
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE usename = %s AND pid = %s",
-                [name, hub._conn.info.backend_pid if hub._conn else 0],
+                [name, hub.backend_pid or 0],
             )
             cycle(pg_store, rid)  # written while the hub is away
             until(lambda c=connects: hub.connects > c, "a reconnect")
@@ -263,8 +263,8 @@ def test_persistent_connection_failure_raises_after_the_retry_window(
         # The role may no longer connect (SQLSTATE 53300, "too many
         # connections"): transient by its class, so it is retried.
         admin(pg_dsn, f"ALTER ROLE {name} CONNECTION LIMIT 0")
-        assert hub._conn is not None
-        admin(pg_dsn, "SELECT pg_terminate_backend(%s)", [hub._conn.info.backend_pid])
+        assert hub.backend_pid is not None
+        admin(pg_dsn, "SELECT pg_terminate_backend(%s)", [hub.backend_pid])
         until(lambda: hub.trouble.attempts >= 2, "failed reconnects")
         # Inside the window (the fake clock stands still): no error yet.
         assert w.get(0.3) is None

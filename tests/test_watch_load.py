@@ -11,10 +11,10 @@ import psycopg
 from pglease import Owner, PostgresStore
 from pglease.clock import FakeClock
 from pglease.cursors import START
+from pglease.driver.listen_ops import ListenRequest, PageOp
 from pglease.types import Event
 from pglease.watch import HubTuning, Watcher
-from pglease.watch._core import channel_name
-from pglease.watch.hub import Hub
+from pglease.watch._core import END, PAGE, channel_name
 
 #: Thresholds a handful of events crosses: the "under load" branch without
 #: needing a host fast enough for thousands of events per second.
@@ -118,24 +118,26 @@ def test_notify_received_with_a_read_wakes_the_hub(pg_store: PostgresStore, pg_d
     # A NOTIFY that reaches the hub's connection before or during its read is
     # parsed by libpq along with the read's result and kept in libpq's own
     # buffer, not the socket: waiting on the socket alone would sleep through
-    # it until the fallback poll. The hub must take it out and not wait.
-    hub = Hub(pg_dsn, pg_store.schema, "listen", 30.0, ("test", pg_store.schema))
-    conn = hub._open()
+    # it until the fallback poll. The hub's listener must take it out and not wait.
+    listener = pg_store.log_reader().listener(
+        ListenRequest(pg_dsn, pg_store.schema, listen=True, pooler=False)
+    )
+    listener.open()
     try:
         with psycopg.connect(pg_dsn, autocommit=True) as other:
             other.execute("SELECT pg_notify(%s, '')", [channel_name(pg_store.schema)])
         time.sleep(0.2)  # the notification is now waiting in our socket
-        hub._read(conn, START)
+        listener.read_log(PageOp(START, END, PAGE))
         started = time.monotonic()
-        hub._wait(conn, 30.0, True)
+        assert listener.wait(30.0)
         # Woken by the buffered NOTIFY, not the 30 s timeout (a bound, not a speed claim).
         assert time.monotonic() - started < 15.0
         # Consumed: the next wait sleeps until its timeout.
         started = time.monotonic()
-        hub._wait(conn, 0.3, True)
+        assert not listener.wait(0.3)
         assert time.monotonic() - started >= 0.25
     finally:
-        conn.close()
+        listener.close()
 
 
 def test_the_watch_read_is_never_jit_compiled(pg_store: PostgresStore, pg_dsn: str) -> None:

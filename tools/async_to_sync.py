@@ -62,6 +62,8 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/runtime/_acquire_async.py", "pglease/runtime/_acquire.py"),
     ("pglease/runtime/_election_async.py", "pglease/runtime/_election.py"),
     ("pglease/sqlite/_watch_async.py", "pglease/sqlite/_watch.py"),
+    ("pglease/driver/listen_async.py", "pglease/driver/listen.py"),
+    ("pglease/postgres/_log_reader_async.py", "pglease/postgres/_log_reader.py"),
 )
 
 RENAMES = {

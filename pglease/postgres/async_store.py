@@ -22,6 +22,7 @@ from ..validation import check_positive_seconds, check_schema_name
 from . import _core
 from ._core import DEFAULT_SCHEMA
 from ._driver_async import AsyncPgDriver
+from ._log_reader_async import AsyncPgLogReader
 from .runtime import AsyncPgRuntime
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ class AsyncPostgresStore(AsyncLeaseStore[psycopg.AsyncConnection[Any], AsyncWatc
         #: behind a transaction-pooling pooler; README "Deployment: PgBouncer".
         self.pooler = driver.pooler
         self._runtime = AsyncPgRuntime(self)
+        self._log_reader = AsyncPgLogReader(self)
         # sync: self._open()
 
     @property
@@ -112,6 +114,10 @@ class AsyncPostgresStore(AsyncLeaseStore[psycopg.AsyncConnection[Any], AsyncWatc
     def runtime_driver(self) -> AsyncPgRuntime:
         """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
         return self._runtime
+
+    def log_reader(self) -> AsyncPgLogReader:
+        """The log reader (the listen protocol, `pglease.driver.listen`) watchers use."""
+        return self._log_reader
 
     def _watcher(self, **options: Any) -> AsyncWatcher:
         watch = watch_runtime().watch_async  # sync: watch = watch_runtime().watch

@@ -23,6 +23,7 @@ from ..validation import check_positive_seconds, check_schema_name
 from . import _core
 from ._core import DEFAULT_SCHEMA
 from ._driver import PgDriver
+from ._log_reader import PgLogReader
 from .runtime import PgRuntime
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class PostgresStore(LeaseStore[psycopg.Connection[Any], Watcher]):
         #: behind a transaction-pooling pooler; README "Deployment: PgBouncer".
         self.pooler = driver.pooler
         self._runtime = PgRuntime(self)
+        self._log_reader = PgLogReader(self)
         self._open()
 
     @property
@@ -105,6 +107,10 @@ class PostgresStore(LeaseStore[psycopg.Connection[Any], Watcher]):
     def runtime_driver(self) -> PgRuntime:
         """The runtime driver (`pglease.driver`) that hold, acquire and elect use."""
         return self._runtime
+
+    def log_reader(self) -> PgLogReader:
+        """The log reader (the listen protocol, `pglease.driver.listen`) watchers use."""
+        return self._log_reader
 
     def _watcher(self, **options: Any) -> Watcher:
         watch = watch_runtime().watch

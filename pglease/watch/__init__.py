@@ -56,14 +56,17 @@ Reads under load
     spaced reads find every event anyway while each NOTIFY still interrupts
     its server process; below 1,500 it LISTENs again, then reads.
 
-    The read itself is a libpq prepared statement on the hub's own
-    connection, its rows loaded by psycopg's C loaders. A NOTIFY that arrives
-    with a read's result stays in libpq's buffer, which a wait on the socket
-    would not see: the hub takes it out after every read and reads again
-    instead of waiting. Async watchers of one event loop share one hub
-    subscription (one cross-thread call per batch); blocked sync watchers are
-    woken in a chain, each waking the next, instead of all fighting for the
-    GIL at once (`mailbox.WakeChain`).
+    The hub reaches PostgreSQL only through the listen protocol
+    (`pglease.driver.listen`); its listener (`pglease/postgres/_listen.py`)
+    reads with a libpq prepared statement on the hub's own connection, its
+    rows loaded by psycopg's C loaders. A NOTIFY that arrives with a read's
+    result stays in libpq's buffer, which a wait on the socket would not see:
+    the listener takes it out after every read, and the hub's next wait
+    returns at once, so the hub reads again instead of waiting. Async
+    watchers of one event loop share one hub subscription (one cross-thread
+    call per batch); blocked sync watchers are woken in a chain, each waking
+    the next, instead of all fighting for the GIL at once
+    (`mailbox.WakeChain`).
 
 Slow consumers
     The hub never waits for a watcher. Each watcher has a mailbox bounded by

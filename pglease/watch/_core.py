@@ -1,4 +1,5 @@
-"""What the sync and asyncio watchers share: SQL, filters, and the delivery state machine.
+"""What the sync and asyncio watchers share: filters, the hub's messages and the
+delivery state machine (the SQL is the backend's, behind `pglease.driver.listen`).
 
 Positions are `(xid, event id)` pairs (see `pglease.cursors`). Every reader
 (the process hub and each watcher catching up) reads the same immutable
@@ -9,11 +10,7 @@ catch-up reads to the hub's stream by comparing positions alone.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from psycopg import sql
 
 # Re-exported: the watch package's modules and tests import them from here.
 from .._watch_common import DEFAULT_RETRY_WINDOW as DEFAULT_RETRY_WINDOW
@@ -23,6 +20,7 @@ from .._watch_common import Mode as Mode
 from .._watch_common import Trouble as _Trouble
 from .._watch_common import WatchHealth as WatchHealth
 from .._watch_common import cannot_heal as cannot_heal
+from .._watch_common import channel_name as channel_name
 from .._watch_common import check_interval as check_interval
 from .._watch_common import check_mode as check_mode
 from .._watch_common import check_retry_window as check_retry_window
@@ -30,122 +28,21 @@ from .._watch_common import describe_plain
 from .._watch_common import log as log
 from .._watch_common import make_health as make_health
 from .._watch_common import sqlstate_of as sqlstate_of
-from ..cursors import START, Position, cursor_check, encode_cursor, fingerprint
+from ..cursors import START, Position, cursor_check, encode_cursor
+from ..driver.listen_ops import LogPage
 from ..dsn import redact_text
 from ..errors import CursorExpiredError, WatchClosedError
-from ..payloads import decode_payload
-from ..types import Event, Owner
+
+# The reaper's and prune's SQL and store protocols (`watcher.Store`, `AsyncStore`):
+# they move with them behind the reap/prune protocol.
+from ..postgres._store_protocol import AsyncStore as AsyncStore
+from ..postgres._store_protocol import Store as Store
+from ..postgres._watch_sql import WatchQueries as WatchQueries
+from ..types import Event
 
 #: The biggest position; the hub reads with no upper bound.
 END = Position(2**64 - 1, 2**63 - 1)
 PAGE = 1000
-
-
-def channel_name(schema: str) -> str:
-    """The NOTIFY channel of a schema; must match `left('pglease_@schema@', 63)` in SQL."""
-    return f"pglease_{schema}"[:63]
-
-
-class WatchQueries:
-    """The watch SQL of one schema."""
-
-    def __init__(self, schema: str):
-        s = sql.Identifier(schema)
-
-        def q(text: str) -> bytes:
-            return sql.SQL(text).format(s=s).as_string(None).encode()
-
-        # One round trip: skipper probe, snapshot bounds, prune horizon and a
-        # page of events (see watch_read in sql/0002_watch.sql).
-        self.read = q(
-            "SELECT * FROM {s}.watch_read(%s::text::xid8, %s::bigint, %s::text::xid8,"
-            " %s::bigint, %s::integer)"
-        )
-        # The same read as a libpq prepared statement (the hub's own connection).
-        self.read_prepared = q(
-            "SELECT * FROM {s}.watch_read($1::text::xid8, $2::bigint, $3::text::xid8,"
-            " $4::bigint, $5::integer)"
-        )
-        self.frontier = q(
-            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text,"
-            " pruned_xid::text, pruned_id FROM {s}.event_horizon"
-        )
-        self.reap_next = q("SELECT lease_resource, reaped FROM {s}.reap_next(%s)")
-        self.prune = q("SELECT {s}.prune_events(make_interval(secs => %s))")
-
-
-def read_args(after: Position, upto: Position, limit: int) -> list[Any]:
-    return [str(after.xid), after.event_id, str(upto.xid), upto.event_id, limit]
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """One read: events in position order plus what the snapshot said."""
-
-    events: list[Event]
-    positions: list[Position]
-    #: Readable frontier: every event not yet committed sorts after (xmin, 0).
-    frontier: Position
-    #: True when some transaction was in progress below the snapshot's xmax, or
-    #: a writer that skipped its NOTIFY was in flight: an event may still become
-    #: readable without any further notification, so the reader must re-poll.
-    held_back: bool
-    #: The last position ever deleted by prune (START when none).
-    horizon: Position
-    full: bool
-
-
-def parse_page(rows: Sequence[Sequence[Any]], limit: int) -> Page:
-    first = rows[0]
-    xmin, xmax, skippers = int(first[0]), int(first[1]), bool(first[2])
-    horizon = Position(int(first[3]), int(first[4]))
-    events: list[Event] = []
-    positions: list[Position] = []
-    if first[5] is not None:
-        # Per event: the hub parses every event its process receives, once.
-        add_event, add_position = events.append, positions.append
-        for r in rows:
-            event_id, xid = r[5], r[6]
-            add_position(Position(int(xid), event_id))
-            add_event(_event(r, f"{xid}.{event_id}.{fingerprint(r[7], r[10], r[18])}"))
-    held_back = xmin != xmax or skippers
-    return Page(events, positions, Position(xmin, 0), held_back, horizon, len(events) >= limit)
-
-
-_owners: dict[tuple[str, str], Owner] = {}
-
-
-def _event(r: Sequence[Any], cursor: str) -> Event:
-    """`parse_event` for the hot path: owners read back from the database were
-    validated when written, so they are cached instead of re-validated."""
-    owner = None
-    if r[13] is not None:
-        key = (r[12], r[13])
-        owner = _owners.get(key)
-        if owner is None:
-            if len(_owners) > 10_000:
-                _owners.clear()
-            owner = _owners[key] = Owner(*key)
-    body, sha = r[16], r[17]
-    return Event(
-        id=r[5],
-        cursor=cursor,
-        resource_id=r[7],
-        resource_type=r[8],
-        resource_key=r[9],
-        revision=r[10],
-        type=r[11],
-        actor=owner,
-        lease_generation=r[14],
-        lease_expires_at=r[15],
-        payload=decode_payload(body) if body is not None else None,
-        payload_sha256=bytes(sha) if sha is not None else None,
-        created_at=r[18],
-    )
-
-
-def parse_frontier(row: Sequence[Any]) -> tuple[Position, Position]:
-    return Position(int(row[0]), 0), Position(int(row[1]), int(row[2]))
 
 
 @dataclass(slots=True)
@@ -237,7 +134,7 @@ class WatchState:
         self.join = tip
         self.catching_up = self.position < tip
 
-    def on_page(self, page: Page) -> None:
+    def on_page(self, page: LogPage) -> None:
         """A catch-up page read from our position up to `join`."""
         self.check_horizon(page.horizon)
         self._take(page.events, page.positions)

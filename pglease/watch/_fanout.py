@@ -17,7 +17,7 @@ from . import hub as _hub
 from ._core import Batch, Failure, Message, Start
 from .mailbox import AsyncMailbox, SyncMailbox
 
-#: (dsn, schema, mode, interval, options): what makes watchers share a hub.
+#: (source, schema, mode, interval, options): what makes watchers share a hub.
 HubKey = tuple[Any, ...]
 
 
@@ -33,16 +33,19 @@ class Subscription:
         _hub.release(self.hub, self._sub_id)
 
 
-def subscribe(key: HubKey, mailbox: SyncMailbox) -> Subscription:
-    """Subscribe a blocking watcher's mailbox to its hub (any thread)."""
-    dsn, schema, mode, interval, options = key
-    hub, sub_id = _hub.acquire(dsn, schema, mode, interval, mailbox.deliver, options=options)
+def subscribe(key: HubKey, mailbox: SyncMailbox, connect: _hub.Connect) -> Subscription:
+    """Subscribe a blocking watcher's mailbox to its hub (any thread); `connect`
+    makes the hub's listener if the hub is new."""
+    source, schema, mode, interval, options = key
+    hub, sub_id = _hub.acquire(
+        connect, source, schema, mode, interval, mailbox.deliver, options=options
+    )
     return Subscription(hub, sub_id)
 
 
-def subscribe_async(key: HubKey, mailbox: AsyncMailbox) -> Subscription:
+def subscribe_async(key: HubKey, mailbox: AsyncMailbox, connect: _hub.Connect) -> Subscription:
     """Join an asyncio watcher's mailbox to its loop's fan-out (on the loop)."""
-    fanout = _LoopFanout.get(asyncio.get_running_loop(), key)
+    fanout = _LoopFanout.get(asyncio.get_running_loop(), key, connect)
     return _Member(fanout, fanout.join(mailbox))
 
 
@@ -67,24 +70,26 @@ class _LoopFanout:
 
     _all: ClassVar[dict[tuple[Any, ...], _LoopFanout]] = {}
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, key: HubKey) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, key: HubKey, connect: _hub.Connect) -> None:
         self.loop = loop
         self.key = key
         self.members: dict[int, AsyncMailbox] = {}
         self.tip: Position | None = None
         self.failure: Failure | None = None
         self._next = 0
-        dsn, schema, mode, interval, options = key
+        source, schema, mode, interval, options = key
         self.hub, self.sub = _hub.acquire(
-            dsn, schema, mode, interval, self._deliver, self.members.__len__, options
+            connect, source, schema, mode, interval, self._deliver, self.members.__len__, options
         )
 
     @classmethod
-    def get(cls, loop: asyncio.AbstractEventLoop, key: HubKey) -> _LoopFanout:
+    def get(
+        cls, loop: asyncio.AbstractEventLoop, key: HubKey, connect: _hub.Connect
+    ) -> _LoopFanout:
         fanout = cls._all.get((id(loop), *key))
         # A fan-out whose hub gave up gets nothing more: new watchers need a new hub.
         if fanout is None or fanout.loop is not loop or fanout.hub.failure is not None:
-            fanout = cls._all[(id(loop), *key)] = cls(loop, key)
+            fanout = cls._all[(id(loop), *key)] = cls(loop, key, connect)
         return fanout
 
     def _deliver(self, message: Message) -> None:

@@ -20,17 +20,14 @@ import queue
 import time
 from collections.abc import Iterable, Iterator
 
-import psycopg
-from psycopg_pool import PoolClosed
-
 from ..clock import Clock
+from ..driver.listen_ops import LogReadError
 from ..errors import WatchClosedError
-from ..postgres._core import driver_error
 from ..types import Event
 from . import hub as _hub
-from ._core import DEFAULT_RETRY_WINDOW, PAGE, WatchHealth, parse_page
+from ._core import DEFAULT_RETRY_WINDOW, WatchHealth
 from ._fanout import Subscription, subscribe
-from ._watcher_base import Store, WatcherBase, check_max_events
+from ._watcher_base import WatchedStore, WatcherBase, check_max_events
 from .mailbox import DEFAULT_MAX_PENDING, Mailbox
 
 #: A blocked `get` wakes this often (a bound, so that no wait is unbounded).
@@ -73,7 +70,7 @@ class Watcher(WatcherBase):
 
     def __init__(
         self,
-        store: Store,
+        store: WatchedStore,
         *,
         after: str | None = "now",
         types: Iterable[str] | str | None = None,
@@ -90,7 +87,7 @@ class Watcher(WatcherBase):
             store, after, types, resources, event_types, mode, interval, max_pending,
             retry_window, clock, tuning,
         )  # fmt: skip
-        self._store = store
+        self._reader = store.log_reader()
         self._mailbox = Mailbox(self.max_pending)
         self._subscription: Subscription | None = None
         # A blocking watcher starts at once: "now" means when it was made.
@@ -113,18 +110,11 @@ class Watcher(WatcherBase):
             return self
         if self._closed:
             raise WatchClosedError("the watcher is closed")
-        row = None
-        if (start := self._start_query()) is not None:
-            try:
-                with self._store.connection() as conn:
-                    cur = conn.execute(*start)
-                    row = cur.fetchone()
-            except psycopg.Error as exc:
-                # Nothing to retry yet: the caller learns at once (closed store,
-                # server away, privileges), as from any other store call.
-                raise driver_error(exc, dsn=self._dsn) from exc
-        self._state = self._start_state(row)
-        subscription = self._subscription = subscribe(self._hub_key, self._mailbox)
+        # "start" asks nothing; "now" and a cursor ask the log. Nothing to retry
+        # yet: the caller learns at once (closed store, server away, privileges).
+        start = None if self._from_start else self._reader.start(self._start_cursor)
+        self._state = self._start_state(start)
+        subscription = self._subscription = subscribe(self._hub_key, self._mailbox, self._connect)
         self._hub = self._seen_hub = subscription.hub
         return self
 
@@ -182,12 +172,8 @@ class Watcher(WatcherBase):
                 return None
             if state.catching_up:
                 try:
-                    with self._store.connection() as conn:
-                        cur = conn.execute(self._queries.read, self._page_args(state))
-                        rows = cur.fetchall()
-                except PoolClosed:
-                    raise WatchClosedError("the store was closed") from None
-                except psycopg.Error as exc:
+                    page = self._reader.read_log(self._page_op(state))
+                except LogReadError as exc:
                     # The server is away (restart), or worse: retry (the
                     # position is unchanged) or raise, as `_read_failed` says.
                     delay = self._read_failed(state, exc)
@@ -195,7 +181,7 @@ class Watcher(WatcherBase):
                     continue
                 if self._trouble.failing_since is not None:
                     self._trouble.healed()
-                state.on_page(parse_page(rows, PAGE))
+                state.on_page(page)
                 continue
             try:
                 left = _SLICE if left is None else min(left, _SLICE)
@@ -221,7 +207,7 @@ class Watcher(WatcherBase):
 
 
 def watch(
-    store: Store,
+    store: WatchedStore,
     *,
     after: str | None = "now",
     types: Iterable[str] | str | None = None,

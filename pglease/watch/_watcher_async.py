@@ -19,17 +19,14 @@ import asyncio  # sync: import queue
 import time
 from collections.abc import AsyncIterator, Iterable
 
-import psycopg
-from psycopg_pool import PoolClosed
-
 from ..clock import Clock
+from ..driver.listen_ops import LogReadError
 from ..errors import WatchClosedError
-from ..postgres._core import driver_error
 from ..types import Event
 from . import hub as _hub
-from ._core import DEFAULT_RETRY_WINDOW, PAGE, WatchHealth, parse_page
+from ._core import DEFAULT_RETRY_WINDOW, WatchHealth
 from ._fanout import Subscription, subscribe_async
-from ._watcher_base import AsyncStore, WatcherBase, check_max_events
+from ._watcher_base import AsyncWatchedStore, WatcherBase, check_max_events
 from .mailbox import DEFAULT_MAX_PENDING, AsyncMailbox
 
 # sync: #: A blocked `get` wakes this often (a bound, so that no wait is unbounded).
@@ -72,7 +69,7 @@ class AsyncWatcher(WatcherBase):
 
     def __init__(
         self,
-        store: AsyncStore,
+        store: AsyncWatchedStore,
         *,
         after: str | None = "now",
         types: Iterable[str] | str | None = None,
@@ -89,7 +86,7 @@ class AsyncWatcher(WatcherBase):
             store, after, types, resources, event_types, mode, interval, max_pending,
             retry_window, clock, tuning,
         )  # fmt: skip
-        self._store = store
+        self._reader = store.log_reader()
         self._mailbox = AsyncMailbox(self.max_pending)
         self._subscription: Subscription | None = None
         # A blocking watcher starts at once: "now" means when it was made.
@@ -112,18 +109,13 @@ class AsyncWatcher(WatcherBase):
             return self
         if self._closed:
             raise WatchClosedError("the watcher is closed")
-        row = None
-        if (start := self._start_query()) is not None:
-            try:
-                async with self._store.connection() as conn:
-                    cur = await conn.execute(*start)
-                    row = await cur.fetchone()
-            except psycopg.Error as exc:
-                # Nothing to retry yet: the caller learns at once (closed store,
-                # server away, privileges), as from any other store call.
-                raise driver_error(exc, dsn=self._dsn) from exc
-        self._state = self._start_state(row)
-        subscription = self._subscription = subscribe_async(self._hub_key, self._mailbox)
+        # "start" asks nothing; "now" and a cursor ask the log. Nothing to retry
+        # yet: the caller learns at once (closed store, server away, privileges).
+        start = None if self._from_start else await self._reader.start(self._start_cursor)
+        self._state = self._start_state(start)
+        subscription = self._subscription = subscribe_async(
+            self._hub_key, self._mailbox, self._connect
+        )
         self._hub = self._seen_hub = subscription.hub
         return self
 
@@ -181,12 +173,8 @@ class AsyncWatcher(WatcherBase):
                 return None
             if state.catching_up:
                 try:
-                    async with self._store.connection() as conn:
-                        cur = await conn.execute(self._queries.read, self._page_args(state))
-                        rows = await cur.fetchall()
-                except PoolClosed:
-                    raise WatchClosedError("the store was closed") from None
-                except psycopg.Error as exc:
+                    page = await self._reader.read_log(self._page_op(state))
+                except LogReadError as exc:
                     # The server is away (restart), or worse: retry (the
                     # position is unchanged) or raise, as `_read_failed` says.
                     delay = self._read_failed(state, exc)
@@ -194,7 +182,7 @@ class AsyncWatcher(WatcherBase):
                     continue
                 if self._trouble.failing_since is not None:
                     self._trouble.healed()
-                state.on_page(parse_page(rows, PAGE))
+                state.on_page(page)
                 continue
             try:
                 # sync: left = _SLICE if left is None else min(left, _SLICE)
@@ -222,7 +210,7 @@ class AsyncWatcher(WatcherBase):
 
 
 def watch_async(
-    store: AsyncStore,
+    store: AsyncWatchedStore,
     *,
     after: str | None = "now",
     types: Iterable[str] | str | None = None,

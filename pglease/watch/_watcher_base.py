@@ -8,16 +8,15 @@ and the blocking `_watcher` is generated from it by `tools/async_to_sync.py`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, Protocol
+from typing import Protocol
 
-import psycopg
-
-from .. import cursor_check
 from .._watch_common import check_max_events as check_max_events
 from .._watch_common import check_tuning
 from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import Cursor, parse_cursor
+from ..driver.listen import LogReader
+from ..driver.listen_async import AsyncLogReader
+from ..driver.listen_ops import LogReadError, PageOp, StartPoint
 from ..errors import ValidationError, WatchClosedError
 from ..validation import describe
 from . import hub as _hub
@@ -27,13 +26,11 @@ from ._core import (
     Mode,
     Trouble,
     WatchHealth,
-    WatchQueries,
     WatchState,
     check_interval,
     check_mode,
     check_retry_window,
     make_health,
-    read_args,
 )
 from .mailbox import OVERFLOW, AsyncMailbox, Item, SyncMailbox, check_max_pending
 
@@ -43,26 +40,16 @@ DEFAULT_FALLBACK_INTERVAL = 1.0
 DEFAULT_POLL_INTERVAL = 0.05
 
 
-class Store(Protocol):
-    """What a blocking watcher needs of a store."""
+class WatchedStore(Protocol):
+    """What a blocking watcher needs of a store: its log reader (the listen protocol)."""
 
-    dsn: str
-    schema: str
-
-    def connection(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+    def log_reader(self) -> LogReader: ...
 
 
-#: The older name of `Store` (the reaper and prune use it).
-SyncStore = Store
+class AsyncWatchedStore(Protocol):
+    """What an asyncio watcher needs of a store: its log reader (the listen protocol)."""
 
-
-class AsyncStore(Protocol):
-    """What an asyncio watcher needs of a store."""
-
-    dsn: str
-    schema: str
-
-    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]: ...
+    def log_reader(self) -> AsyncLogReader: ...
 
 
 def _after(after: str | None) -> tuple[Cursor | None, bool]:
@@ -81,7 +68,7 @@ class WatcherBase:
 
     def __init__(
         self,
-        store: Store | AsyncStore,
+        store: WatchedStore | AsyncWatchedStore,
         after: str | None,
         types: Iterable[str] | str | None,
         resources: Iterable[str] | str | None,
@@ -93,7 +80,8 @@ class WatcherBase:
         clock: Clock | None,
         tuning: _hub.HubTuning | None,
     ) -> None:
-        pooler = bool(getattr(store, "pooler", False))
+        reader = store.log_reader()
+        pooler = reader.pooler
         self.mode: Mode = check_mode(("poll" if pooler else "listen") if mode is None else mode)
         if pooler and self.mode == "listen":
             # A transaction pooler hands the LISTEN's server connection to other
@@ -115,11 +103,11 @@ class WatcherBase:
         self.interval = check_interval(default if interval is None else interval, "interval")
         self._filters = Filters.build(types, resources, event_types)
         self._start_cursor, self._from_start = _after(after)
-        self._queries = WatchQueries(store.schema)
-        self._dsn = store.dsn
-        self._schema = store.schema
+        self._schema = reader.schema
         #: What makes watchers share a hub (see `hub.acquire`).
-        self._hub_key = (self._dsn, self._schema, self.mode, self.interval, self._options)
+        self._hub_key = (reader.source, self._schema, self.mode, self.interval, self._options)
+        #: Makes the hub's listener when this watcher starts a hub.
+        self._connect = reader.listener
         self._state: WatchState | None = None
         self._hub: _hub.Hub | None = None
         #: The hub last joined, kept after close for `health`.
@@ -141,9 +129,13 @@ class WatcherBase:
             clock=self._clock,
         )
 
-    def _read_failed(self, state: WatchState, exc: psycopg.Error) -> float:
-        """A catch-up read failed: the delay before retrying, or raise when it is time."""
-        error = self._trouble.record(exc)
+    def _read_failed(self, state: WatchState, exc: LogReadError) -> float:
+        """A catch-up read failed: the delay before retrying, or raise when it is time.
+
+        The driver's own error (the cause) is what health and the consumer's
+        `WatchFailedError` report, as the hub's do."""
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        error = self._trouble.record(cause, permanent=exc.permanent)
         if error is not None:
             state.failed = error
             raise error
@@ -159,33 +151,23 @@ class WatcherBase:
             raise WatchClosedError("the watcher has not started yet")
         return self._state.cursor
 
-    def _start_query(self) -> tuple[bytes, list[Any]] | None:
-        """The query that resolves "now" or checks the cursor (None for "start")."""
-        queries = cursor_check.pg_queries(self._schema)
-        if self._start_cursor is None:
-            return queries.now, []
-        if self._from_start:
-            return None
-        return queries.check, cursor_check.pg_check_args(self._start_cursor)
+    def _start_state(self, start: StartPoint | None) -> WatchState:
+        """The state at the start position (`start` None: "start", nothing to ask).
 
-    def _start_state(self, row: Any) -> WatchState:
-        """The state at the start position, once `_start_query` answered `row`.
-
-        Run before joining the hub, so a cursor from another log is refused
+        Resolved before joining the hub, so a cursor from another log is refused
         (`CursorAheadError`, `HistoryDivergedError`) before anything is read; an
         expired one fails on the first read, as before.
         """
-        if self._start_cursor is None:
-            position, check = cursor_check.pg_now(row)
-        else:
-            if row is not None:
-                cursor_check.pg_verify(self._start_cursor, row, refuse_expired=False)
+        if start is None:
+            assert self._start_cursor is not None
             position, check = self._start_cursor.position, self._start_cursor.check
+        else:
+            position, check = start.position, start.check
         return WatchState(position, self._from_start, self._filters, check)
 
-    def _page_args(self, state: WatchState) -> list[Any]:
+    def _page_op(self, state: WatchState) -> PageOp:
         assert state.join is not None
-        return read_args(state.position, state.join, PAGE)
+        return PageOp(state.position, state.join, PAGE)
 
     @staticmethod
     def _on_item(state: WatchState, item: Item, mailbox: SyncMailbox | AsyncMailbox) -> None:

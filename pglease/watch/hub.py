@@ -15,7 +15,6 @@ its waits are real, so a test can drive the decisions with a `FakeClock`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
@@ -23,17 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-from psycopg import pq, sql
-from psycopg.abc import Transformer as AdaptContextTransformer
-from psycopg.adapt import Transformer
-from psycopg.errors import error_from_result
-
-from .. import _instrument, cursor_check
+from .. import _instrument
 from .._watch_common import DEFAULT_TUNING as DEFAULT_TUNING
 from .._watch_common import HubTuning as HubTuning
 from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import Cursor, Position, encode_cursor, fingerprint
+from ..driver.listen import ChangeListener
+from ..driver.listen_ops import ListenRequest, LogReadError, PageOp
 from ..errors import CursorExpiredError, ForeignCursorError, WatchError, WatchFailedError
 from ._core import (
     DEFAULT_RETRY_WINDOW,
@@ -43,43 +38,24 @@ from ._core import (
     Failure,
     Message,
     Mode,
-    Page,
     Start,
     Trouble,
-    WatchQueries,
-    channel_name,
     describe_error,
     log,
-    parse_page,
-    read_args,
 )
 from .mailbox import CHAIN
 
 Deliver = Callable[[Message], None]
 #: How many consumers a subscription wakes per batch (a loop fan-out: its members).
 Consumers = Callable[[], int]
+#: Makes the hub's listener (a log reader's `listener`): unopened, blocking.
+Connect = Callable[[ListenRequest], ChangeListener]
+#: A wait for a wake-up lasts at most this long, so that a stop is noticed promptly.
+_WAIT_SLICE = 0.2
 
 
 def _one() -> int:
     return 1
-
-
-#: The name of the hub's prepared read on its own connection.
-READ_STATEMENT = b"pglease_watch_read"
-_TUPLES_OK = pq.ExecStatus.TUPLES_OK
-_COMMAND_OK = pq.ExecStatus.COMMAND_OK
-
-
-def check_result(conn: psycopg.Connection[Any], result: pq.abc.PGresult, expected: int) -> None:
-    """Raise the psycopg error of a failed libpq call, untranslated: the hub
-    judges by its SQLSTATE (see `_core.cannot_heal`) and keeps it as the cause."""
-    if result.status == expected:
-        return
-    if conn.pgconn.status == pq.ConnStatus.BAD:
-        raise psycopg.OperationalError(
-            (conn.pgconn.error_message or b"connection lost").decode(errors="replace").strip()
-        )
-    raise error_from_result(result, encoding=conn.info.encoding)
 
 
 class Hub:
@@ -87,7 +63,8 @@ class Hub:
 
     def __init__(
         self,
-        dsn: str,
+        connect: Connect,
+        source: str,
         schema: str,
         mode: Mode,
         interval: float,
@@ -100,9 +77,11 @@ class Hub:
     ) -> None:
         if pooler and mode == "listen":
             raise ValueError("a hub in pooler mode cannot LISTEN")  # the watcher says why
-        self.dsn = dsn
-        #: Pooler mode: the read is an unnamed statement, psycopg prepares nothing.
+        #: The backend's address (a DSN) the listener connects to.
+        self.source = source
+        #: Pooler mode: the listener never LISTENs and prepares nothing.
         self.pooler = pooler
+        self._connect = connect
         self.schema = schema
         self.mode = mode
         #: listen mode: fallback poll when no NOTIFY arrives; poll mode: poll period.
@@ -110,10 +89,6 @@ class Hub:
         self.key = key
         self.tuning = tuning
         self.clock = clock
-        self._q = WatchQueries(schema)
-        self._channel = sql.Identifier(channel_name(schema))
-        #: A NOTIFY reached us during a read: the next wait must not block.
-        self._woken = False
         self._lock = threading.Lock()
         self._subscribers: dict[int, Deliver] = {}
         self._consumers: dict[int, Consumers] = {}
@@ -123,8 +98,8 @@ class Hub:
         #: hub checks its position by after a reconnect.
         self._anchor: str | None = None
         self._stop = threading.Event()
-        self._conn: psycopg.Connection[Any] | None = None
-        self._loader: AdaptContextTransformer | None = None
+        #: The open listener (None between connections).
+        self._listener: ChangeListener | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"pglease-watch-{schema}", daemon=True
         )
@@ -143,6 +118,12 @@ class Hub:
         self.rate = 0.0
         #: Listen mode: LISTENing now (False while polling under load).
         self.listening = False
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The backend's id of the hub's connection now (None between connections)."""
+        listener = self._listener
+        return None if listener is None else listener.session_id()
 
     @property
     def reconnects(self) -> int:
@@ -193,13 +174,15 @@ class Hub:
                 try:
                     self._session()
                     return
-                except psycopg.Error as exc:
+                except LogReadError as exc:
                     # Lost the server (restart, failover, network) or a read
                     # failed: reconnect and catch up from the tip, which
                     # survives reconnects; unless retrying cannot help or has
-                    # not helped for the whole retry window.
+                    # not helped for the whole retry window. The driver's own
+                    # error is what health and the consumers' error report.
                     self._close_conn()
-                    error = self.trouble.record(exc)
+                    cause = exc.__cause__ if exc.__cause__ is not None else exc
+                    error = self.trouble.record(cause, permanent=exc.permanent)
                     if error is not None:
                         self._fail(error)
                         return
@@ -224,35 +207,23 @@ class Hub:
                 deliver(Failure(error))
 
     def _close_conn(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
 
-    def _open(self) -> psycopg.Connection[Any]:
-        """Connect, LISTEN (listen mode) and prepare the read."""
-        if self.pooler:
-            conn = psycopg.connect(self.dsn, autocommit=True, prepare_threshold=None)
-        else:
-            conn = psycopg.connect(self.dsn, autocommit=True)
-        self._conn = conn
+    def _open(self) -> ChangeListener:
+        """Open a listener: in listen mode it LISTENs before any read, so nothing
+        committed after it returns can slip by (`ChangeListener.open`)."""
+        listener = self._connect(
+            ListenRequest(self.source, self.schema, self.mode == "listen", self.pooler)
+        )
+        listener.open()  # a failed open leaves nothing open
         self.connects += 1
         if self.connects > 1:
             _instrument.recorder.hub_reconnect(self.mode)
-        if self.mode == "listen":
-            # LISTEN first (it commits at once in autocommit), then read: any
-            # event committed after this point either is read now or notifies.
-            conn.execute(sql.SQL("LISTEN {}").format(self._channel))
-        # The read goes straight through libpq as a prepared statement, its rows
-        # loaded by psycopg's C loaders: psycopg's cursor machinery would cost
-        # more client CPU per read than the server spends on it. Behind a
-        # transaction pooler it is an unnamed statement (parsed each time): a
-        # named one would exist on one server connection only.
-        if not self.pooler:
-            result = conn.pgconn.prepare(READ_STATEMENT, self._q.read_prepared)
-            check_result(conn, result, _COMMAND_OK)
-        self._loader = Transformer.from_context(conn)
-        return conn
+        # Set once counted: whoever sees the connection sees it counted.
+        self._listener = listener
+        return listener
 
     def _session(self) -> None:
         conn = self._open()
@@ -260,10 +231,9 @@ class Hub:
         if self._tip is not None and self._verify_tip(conn):
             return
         if self._tip is None:
-            row = conn.execute(self._q.frontier).fetchone()
-            assert row is not None
+            frontier = conn.frontier()
             with self._lock:
-                self._tip = Position(int(row[0]), 0)
+                self._tip = frontier
                 for deliver in self._subscribers.values():
                     deliver(Start(self._tip))
         repoll = self.tuning.min_repoll
@@ -301,11 +271,11 @@ class Hub:
                 # listening until the load drops, then LISTEN and read again
                 # (the same order as at connect, so nothing can slip by).
                 if listening and rate > tuning.unlisten_rate:
-                    conn.execute(sql.SQL("UNLISTEN {}").format(self._channel))
+                    conn.set_listening(False)
                     listening = self.listening = False
                     self.unlistens += 1
                 elif not listening and rate < tuning.light_rate:
-                    conn.execute(sql.SQL("LISTEN {}").format(self._channel))
+                    conn.set_listening(True)
                     listening = self.listening = True
                     continue
             if held_back:
@@ -319,30 +289,27 @@ class Hub:
                 timeout = tuning.min_repoll if paused else self.interval
             self._wait(conn, timeout, listening)
 
-    def _wait(self, conn: psycopg.Connection[Any], timeout: float, listening: bool) -> None:
+    def _wait(self, conn: ChangeListener, timeout: float, listening: bool) -> None:
         """Sleep until a notification (when listening), the timeout, or stop."""
         if not listening:
             self._stop.wait(timeout)
             return
-        if self._woken:
-            self._woken = False
-            return
         deadline = time.monotonic() + timeout
         while not self._stop.is_set():
+            # Short slices so that stop() is noticed promptly (a wake-up that
+            # came with the last read returns at once).
             left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            # Short slices so that stop() is noticed promptly.
-            for _ in conn.notifies(timeout=min(left, 0.2), stop_after=1):
+            if conn.wait(min(max(left, 0.0), _WAIT_SLICE)) or left <= 0:
                 return
 
-    def _read_all(self, conn: psycopg.Connection[Any]) -> tuple[bool, bool, int]:
+    def _read_all(self, conn: ChangeListener) -> tuple[bool, bool, int]:
         """Read every readable event after the tip; return (progressed, held_back, count)."""
         progressed = False
         count = 0
         while True:
             assert self._tip is not None
-            page = self._read(conn, self._tip)
+            page = conn.read_log(PageOp(self._tip, END, PAGE))
+            self._read_done()
             _instrument.recorder.hub_read(self.mode, page.events)
             if self._tip < page.horizon:
                 # Pruned past what we read (we were away longer than the
@@ -378,35 +345,16 @@ class Hub:
             if not page.full:
                 return progressed, page.held_back, count
 
-    def _read(self, conn: psycopg.Connection[Any], after: Position) -> Page:
-        args = [str(arg).encode() for arg in read_args(after, END, PAGE)]
-        # Any notification received before this read starts is covered by its
-        # snapshot (its writer had committed).
-        self._woken = False
-        pgconn = conn.pgconn
-        if self.pooler:
-            result = pgconn.exec_params(self._q.read_prepared, args)
-        else:
-            result = pgconn.exec_prepared(READ_STATEMENT, args)
-        check_result(conn, result, _TUPLES_OK)
+    def _read_done(self) -> None:
+        """Count a successful read and end a run of errors."""
         self.reads += 1
         clock = self.clock
         self.last_read = clock.monotonic()
         self.last_read_wall = clock.time()
         if self.trouble.failing_since is not None:
             self.trouble.healed()
-        # libpq keeps a NOTIFY that arrived with the result in its own buffer,
-        # where psycopg's `notifies()` (which waits on the socket first) would
-        # not see it until more data came: take it out now, or its writer's
-        # event would wait for the fallback poll.
-        while pgconn.notifies() is not None:
-            self._woken = True
-        loader = self._loader
-        assert loader is not None
-        loader.set_pgresult(result)
-        return parse_page(loader.load_rows(0, result.ntuples, tuple), PAGE)
 
-    def _verify_tip(self, conn: psycopg.Connection[Any]) -> bool:
+    def _verify_tip(self, conn: ChangeListener) -> bool:
         """After a reconnect: is the tip still a position in this server's log?
 
         Across an asynchronous failover the new primary may have lost events
@@ -417,11 +365,8 @@ class Hub:
         """
         assert self._tip is not None
         cursor = Cursor(self._tip, self._anchor, encode_cursor(self._tip, self._anchor))
-        queries = cursor_check.pg_queries(self.schema)
-        row = conn.execute(queries.check, cursor_check.pg_check_args(cursor)).fetchone()
-        assert row is not None
         try:
-            cursor_check.pg_verify(cursor, row, refuse_expired=False)
+            conn.check_position(cursor)
         except ForeignCursorError as exc:
             log.error("pglease watch stream of schema %r: %s", self.schema, exc)
             with self._lock:
@@ -457,7 +402,8 @@ DEFAULT_OPTIONS = HubOptions()
 
 
 def acquire(
-    dsn: str,
+    connect: Connect,
+    source: str,
     schema: str,
     mode: Mode,
     interval: float,
@@ -465,15 +411,15 @@ def acquire(
     consumers: Consumers = _one,
     options: HubOptions = DEFAULT_OPTIONS,
 ) -> tuple[Hub, int]:
-    """Subscribe to this process's hub for (dsn, schema, mode, interval, options),
-    starting it if needed."""
+    """Subscribe to this process's hub for (source, schema, mode, interval, options),
+    starting it if needed; `connect` makes its listener."""
     # The pid: a forked child must not join its parent's hub (no thread there).
-    key = (os.getpid(), dsn, schema, mode, interval, options)
+    key = (os.getpid(), source, schema, mode, interval, options)
     with _hubs_lock:
         hub = _hubs.get(key)
         if hub is None or hub._stop.is_set():
             hub = Hub(
-                dsn, schema, mode, interval, key,
+                connect, source, schema, mode, interval, key,
                 tuning=options.tuning, clock=options.clock, retry_window=options.retry_window,
                 pooler=options.pooler,
             )  # fmt: skip

@@ -8,23 +8,28 @@ without I/O is in `_watcher_base`, how their mailboxes join the hub in `_fanout`
 
 from __future__ import annotations
 
+from ._core import AsyncStore, Store
 from ._watcher import Watcher, watch
 from ._watcher_async import AsyncWatcher, watch_async
 from ._watcher_base import (
     DEFAULT_FALLBACK_INTERVAL,
     DEFAULT_POLL_INTERVAL,
-    AsyncStore,
-    Store,
-    SyncStore,
+    AsyncWatchedStore,
+    WatchedStore,
 )
+
+#: The older name of `Store` (the reaper and prune use it).
+SyncStore = Store
 
 __all__ = [
     "DEFAULT_FALLBACK_INTERVAL",
     "DEFAULT_POLL_INTERVAL",
     "AsyncStore",
+    "AsyncWatchedStore",
     "AsyncWatcher",
     "Store",
     "SyncStore",
+    "WatchedStore",
     "Watcher",
     "watch",
     "watch_async",

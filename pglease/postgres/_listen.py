@@ -1,0 +1,173 @@
+"""`PgChangeListener`: the watch hub's own connection to PostgreSQL (the listen
+protocol, `pglease.driver.listen`).
+
+One autocommit connection per hub, never a pooled one: notifications reach
+a session only while it is connected and between transactions. LISTEN comes
+first (it commits at once in autocommit), then every read: any event
+committed after `open` returns is either read or notifies. Behind a
+transaction pooler nothing is LISTENed and nothing is prepared (the hub polls).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.abc import Transformer as AdaptContextTransformer
+from psycopg.adapt import Transformer
+from psycopg.errors import error_from_result
+
+from .. import cursor_check
+from ..cursors import Cursor, Position
+from ..driver.listen_ops import ListenRequest, LogPage, LogReadError, PageOp
+from ..errors import ValidationError
+from ._watch_sql import WatchQueries, channel_name, log_read_error, parse_page, read_args
+
+#: The name of the hub's prepared read on its own connection.
+READ_STATEMENT = b"pglease_watch_read"
+_TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_COMMAND_OK = pq.ExecStatus.COMMAND_OK
+#: What the errors of this listener say failed.
+_WHAT = "the watch stream's connection"
+
+
+def check_result(conn: psycopg.Connection[Any], result: pq.abc.PGresult, expected: int) -> None:
+    """Raise the psycopg error of a failed libpq call (mapped by the caller)."""
+    if result.status == expected:
+        return
+    if conn.pgconn.status == pq.ConnStatus.BAD:
+        raise psycopg.OperationalError(
+            (conn.pgconn.error_message or b"connection lost").decode(errors="replace").strip()
+        )
+    raise error_from_result(result, encoding=conn.info.encoding)
+
+
+class PgChangeListener:
+    """A `ChangeListener` on one dedicated psycopg connection."""
+
+    def __init__(self, request: ListenRequest) -> None:
+        if request.pooler and request.listen:
+            # The watcher refuses this first, saying why; a listener must not try.
+            raise ValidationError("a listener in pooler mode cannot LISTEN")
+        self.request = request
+        self._q = WatchQueries(request.schema)
+        self._channel = sql.Identifier(channel_name(request.schema))
+        self._conn: psycopg.Connection[Any] | None = None
+        self._loader: AdaptContextTransformer | None = None
+        #: A NOTIFY reached us during a read: the next wait must not block.
+        self._woken = False
+
+    def _live(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            raise LogReadError(f"{_WHAT} is not open", permanent=False)
+        return self._conn
+
+    def open(self) -> None:
+        """Connect, LISTEN (listen mode) and prepare the read; on failure
+        nothing stays open."""
+        request = self.request
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            if request.pooler:
+                conn = psycopg.connect(request.source, autocommit=True, prepare_threshold=None)
+            else:
+                conn = psycopg.connect(request.source, autocommit=True)
+            if request.listen:
+                # LISTEN first, then read: nothing committed after this can slip by.
+                conn.execute(sql.SQL("LISTEN {}").format(self._channel))
+            # The read goes straight through libpq as a prepared statement, its
+            # rows loaded by psycopg's C loaders: psycopg's cursor machinery
+            # would cost more client CPU per read than the server spends on it.
+            # Behind a transaction pooler it is an unnamed statement (parsed
+            # each time): a named one would exist on one server connection only.
+            if not request.pooler:
+                result = conn.pgconn.prepare(READ_STATEMENT, self._q.read_prepared)
+                check_result(conn, result, _COMMAND_OK)
+        except psycopg.Error as exc:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            raise log_read_error(exc, _WHAT) from exc
+        self._loader = Transformer.from_context(conn)
+        self._woken = False
+        self._conn = conn
+
+    def set_listening(self, on: bool) -> None:
+        conn = self._live()
+        try:
+            conn.execute(sql.SQL("LISTEN {}" if on else "UNLISTEN {}").format(self._channel))
+        except psycopg.Error as exc:
+            raise log_read_error(exc, _WHAT) from exc
+
+    def wait(self, timeout: float) -> bool:
+        if self._woken:
+            self._woken = False
+            return True
+        conn = self._live()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                for _ in conn.notifies(timeout=left, stop_after=1):
+                    return True
+        except psycopg.Error as exc:
+            raise log_read_error(exc, _WHAT) from exc
+
+    def frontier(self) -> Position:
+        try:
+            row = self._live().execute(self._q.frontier).fetchone()
+        except psycopg.Error as exc:
+            raise log_read_error(exc, _WHAT) from exc
+        assert row is not None  # the view has one row
+        return Position(int(row[0]), 0)
+
+    def read_log(self, op: PageOp) -> LogPage:
+        conn = self._live()
+        args = [str(arg).encode() for arg in read_args(op.after, op.upto, op.limit)]
+        # Any notification received before this read starts is covered by its
+        # snapshot (its writer had committed).
+        self._woken = False
+        pgconn = conn.pgconn
+        try:
+            if self.request.pooler:
+                result = pgconn.exec_params(self._q.read_prepared, args)
+            else:
+                result = pgconn.exec_prepared(READ_STATEMENT, args)
+            check_result(conn, result, _TUPLES_OK)
+            # libpq keeps a NOTIFY that arrived with the result in its own
+            # buffer, where psycopg's `notifies()` (which waits on the socket
+            # first) would not see it until more data came: take it out now, or
+            # its writer's event would wait for the fallback poll.
+            while pgconn.notifies() is not None:
+                self._woken = True
+            loader = self._loader
+            assert loader is not None
+            loader.set_pgresult(result)
+            rows = loader.load_rows(0, result.ntuples, tuple)
+        except psycopg.Error as exc:
+            raise log_read_error(exc, _WHAT) from exc
+        return parse_page(rows, op.limit)
+
+    def check_position(self, cursor: Cursor) -> None:
+        queries = cursor_check.pg_queries(self.request.schema)
+        try:
+            row = self._live().execute(queries.check, cursor_check.pg_check_args(cursor)).fetchone()
+        except psycopg.Error as exc:
+            raise log_read_error(exc, _WHAT) from exc
+        assert row is not None  # the check returns one row
+        cursor_check.pg_verify(cursor, row, refuse_expired=False)
+
+    def session_id(self) -> int | None:
+        conn = self._conn
+        return None if conn is None or conn.closed else conn.info.backend_pid
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # a broken line closes anyway
+                conn.close()
