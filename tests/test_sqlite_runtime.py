@@ -132,6 +132,7 @@ def test_an_older_file_gets_the_expiry_marker_and_the_prune_horizon(tmp_path: Pa
         assert store.claim(rid, A, 1.0, now=datetime.now(UTC) - timedelta(hours=1)) is not None
     with sqlite3.connect(path) as conn:  # as a file written before migration 0003
         conn.execute("DROP TABLE event_horizon")
+        conn.execute("DROP INDEX leases_to_reap")
         conn.execute("ALTER TABLE leases DROP COLUMN expired_generation")
         conn.execute("DELETE FROM schema_migrations WHERE version = 3")
     with SqliteStore(path, auto_migrate=False) as store:

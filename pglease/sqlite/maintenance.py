@@ -1,8 +1,9 @@
 """Log maintenance (`pglease.driver.maintenance`) on one SQLite file.
 
-Reap: the same rules as `reap_next` on PostgreSQL (sql/0008_reap_per_lease.sql).
+Reap: the same rules as `reap_next` on PostgreSQL (sql/functions/20_watch.sql).
 Candidates are found by a plain read (an idle reaper never takes the write
-lock), in resource order after the last one visited; each is then re-judged
+lock) of the ``leases_to_reap`` index, in expiry order after the last one
+visited; each is then re-judged
 and reaped in its own ``BEGIN IMMEDIATE`` transaction by `record_expiry`, the
 function a takeover uses too, so the expiry marker keeps a generation from
 ever getting two `lease.expired` events.
@@ -24,31 +25,35 @@ from ..driver.maintenance import PruneReport, PruneRequest, ReapReport, ReapRequ
 from ._db import Database, clock_us
 from ._ops import expiry_unrecorded, lock_lease, record_expiry
 
+# The predicate repeats the partial index's (migration 0003), so SQLite uses
+# it; candidates come in expiry order after the last one visited.
 _CANDIDATE = (
-    "SELECT resource_id FROM leases WHERE resource_id > ? AND owner_id IS NOT NULL"
-    " AND expires_at <= ? AND expired_generation IS NOT generation"
-    " ORDER BY resource_id LIMIT 1"
+    "SELECT resource_id, expires_at FROM leases"
+    " WHERE owner_id IS NOT NULL AND expired_generation IS NOT generation"
+    " AND expires_at <= ? AND (expires_at, resource_id) > (?, ?)"
+    " ORDER BY expires_at, resource_id LIMIT 1"
 )
 
 
 def reap(db: Database, request: ReapRequest) -> ReapReport:
     """Reap up to `request.limit` leases, one write transaction each."""
     reaped: list[str] = []
-    after = ""
+    after: tuple[int, str] = (-(2**63), "")
     for _ in range(request.limit):
         with db.connection() as conn:
-            row = conn.execute(_CANDIDATE, (after, clock_us(None))).fetchone()
+            row = conn.execute(_CANDIDATE, (clock_us(None), *after)).fetchone()
         if row is None:
             break
-        after = row[0]
+        rid = row[0]
+        after = (row[1], rid)
         with db.write() as conn:
-            lease = lock_lease(conn, after)
+            lease = lock_lease(conn, rid)
             t = clock_us(None)  # after the lock wait, as a claim judges expiry
             # Re-judged under the write lock: renewed, released or taken over meanwhile?
             if not expiry_unrecorded(lease, t):
                 continue
             record_expiry(conn, lease, t)
-        reaped.append(after)
+        reaped.append(rid)
     return ReapReport(tuple(reaped))
 
 

@@ -31,10 +31,10 @@ import time
 from typing import Any, Protocol
 
 from .. import _instrument
+from .._watch_common import check_interval
 from ..driver.maintenance import AsyncMaintenanceDriver, MaintenanceDriver, ReapRequest
 from ..errors import ValidationError
 from ..types import Claim, Owner
-from ._core import check_interval
 
 log = logging.getLogger("pglease.watch.reaper")
 

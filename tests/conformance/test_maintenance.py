@@ -275,3 +275,29 @@ async def test_async_prune_and_an_expired_cursor(astore: Any) -> None:
     with pytest.raises(CursorExpiredError, match="pruned horizon"):
         async with astore.watch(after=first.cursor) as w:
             await w.get(DEADLINE)
+
+
+# --------------------------------------------------------------------------- layering
+
+
+@pytest.mark.parametrize("module", ["reaper", "prune"])
+def test_the_reaper_and_prune_import_no_backend(module: str) -> None:
+    """They reach a backend through its runtime driver only: no psycopg, no
+    `pglease.postgres`, no `pglease.sqlite`, not even through `watch._core`."""
+    import ast
+    from pathlib import Path
+
+    import pglease.watch
+
+    path = Path(pglease.watch.__file__).with_name(f"{module}.py")
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = "." * node.level + (node.module or "")
+            imported.add(base)
+            imported.update(f"{base}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+    banned = ("psycopg", "..postgres", "..sqlite", "._core", "pglease.postgres", "pglease.sqlite")
+    assert imported, "no imports parsed"
+    assert {n for n in imported if n.startswith(banned)} == set()
