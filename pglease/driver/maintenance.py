@@ -38,10 +38,26 @@ class PruneRequest:
     """Delete the prefix of the log (in read order) created more than
     `older_than` seconds ago by the backend's clock, `chunk` events per
     transaction, raising the prune horizon with each chunk; then the payloads
-    of the deleted events that no remaining event references."""
+    of the deleted events that no remaining event references.
+
+    `respect_ttl`: refuse (`ValidationError`, nothing deleted) an `older_than`
+    shorter than the longest ttl of a lease held now, from its last renewal.
+    """
 
     older_than: float
     chunk: int
+    respect_ttl: bool = False
+
+
+def ttl_refusal(older_than: float, longest: float | None) -> str | None:
+    """Why a `respect_ttl` prune is refused (None: it is not), the same words
+    on every backend."""
+    if longest is None or older_than >= longest:
+        return None
+    return (
+        f"older_than {older_than:g}s is shorter than the longest TTL in use ({longest:g}s,"
+        " a held lease): it would delete the history of leases still running"
+    )
 
 
 @dataclass(frozen=True, slots=True)

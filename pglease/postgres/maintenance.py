@@ -15,8 +15,14 @@ from typing import Any
 
 import psycopg
 
-from ..driver.maintenance import PruneReport, PruneRequest, ReapReport, ReapRequest
-from ..errors import DatabaseError, PgleaseError
+from ..driver.maintenance import (
+    PruneReport,
+    PruneRequest,
+    ReapReport,
+    ReapRequest,
+    ttl_refusal,
+)
+from ..errors import DatabaseError, PgleaseError, ValidationError
 from . import _core
 from ._sqltext import for_schema
 
@@ -30,6 +36,11 @@ class MaintenanceQueries:
         self.cutoff = q("SELECT clock_timestamp() - make_interval(secs => %s)")
         self.events = q("SELECT events, done FROM {s}.prune_chunk(%s, %s)")
         self.payloads = q("SELECT payloads, last_sha256, done FROM {s}.gc_payloads_chunk(%s, %s)")
+        # The longest lease length among live leases, from the last renewal.
+        self.longest_ttl = q(
+            "SELECT extract(epoch FROM max(expires_at - coalesce(heartbeat_at, acquired_at)))"
+            "::float8 FROM {s}.leases WHERE owner_id IS NOT NULL AND expires_at > clock_timestamp()"
+        )
 
 
 def payload_chunk(chunk: int) -> int:
@@ -55,6 +66,12 @@ def prune_error(exc: psycopg.Error) -> PgleaseError:
         return known
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return DatabaseError(f"prune failed: {first}", sqlstate=exc.diag.sqlstate)
+
+
+def _check_ttl(request: PruneRequest, row: tuple[Any, ...]) -> None:
+    refusal = ttl_refusal(request.older_than, None if row[0] is None else float(row[0]))
+    if refusal is not None:
+        raise ValidationError(refusal)
 
 
 def _row(row: Any) -> tuple[Any, ...]:
@@ -108,6 +125,8 @@ def prune(store: Any, request: PruneRequest) -> PruneReport:
                     conn.execute(bound)
                     return _row(conn.execute(query, args).fetchone())
 
+            if request.respect_ttl:
+                _check_ttl(request, one(q.longest_ttl, []))
             cutoff = one(q.cutoff, [request.older_than])[0]
             done = False
             while not done:
@@ -168,6 +187,8 @@ async def prune_async(store: Any, request: PruneRequest) -> PruneReport:
                     await conn.execute(bound)
                     return _row(await (await conn.execute(query, args)).fetchone())
 
+            if request.respect_ttl:
+                _check_ttl(request, await one(q.longest_ttl, []))
             cutoff = (await one(q.cutoff, [request.older_than]))[0]
             done = False
             while not done:

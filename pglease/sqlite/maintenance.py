@@ -21,7 +21,14 @@ A chunk holds the file's write lock, so it is kept short.
 
 from __future__ import annotations
 
-from ..driver.maintenance import PruneReport, PruneRequest, ReapReport, ReapRequest
+from ..driver.maintenance import (
+    PruneReport,
+    PruneRequest,
+    ReapReport,
+    ReapRequest,
+    ttl_refusal,
+)
+from ..errors import ValidationError
 from ._db import Database, clock_us
 from ._ops import expiry_unrecorded, lock_lease, record_expiry
 
@@ -93,6 +100,16 @@ def _prune_chunk(db: Database, cutoff: int, limit: int) -> tuple[int, int, bool]
 def prune(db: Database, request: PruneRequest) -> PruneReport:
     """Prune in chunks, each its own write transaction; chunks committed before
     an error stay done."""
+    if request.respect_ttl:
+        with db.connection() as conn:
+            (longest_us,) = conn.execute(
+                "SELECT max(expires_at - coalesce(heartbeat_at, acquired_at)) FROM leases"
+                " WHERE owner_id IS NOT NULL AND expires_at > ?",
+                (clock_us(None),),
+            ).fetchone()
+        refusal = ttl_refusal(request.older_than, None if longest_us is None else longest_us / 1e6)
+        if refusal is not None:
+            raise ValidationError(refusal)
     cutoff = clock_us(None) - round(request.older_than * 1_000_000)
     events = payloads = 0
     done = False

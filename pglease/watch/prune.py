@@ -80,6 +80,12 @@ def check_chunk(chunk: object) -> int:
     return chunk
 
 
+def _check_flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValidationError(f"respect_ttl must be a bool, got {value!r}")
+    return value
+
+
 class _Pruner(Protocol):
     def runtime_driver(self) -> MaintenanceDriver: ...
 
@@ -89,7 +95,11 @@ class _AsyncPruner(Protocol):
 
 
 def prune(
-    store: _Pruner, older_than: float | timedelta, *, chunk: int = DEFAULT_CHUNK
+    store: _Pruner,
+    older_than: float | timedelta,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    respect_ttl: bool = False,
 ) -> PruneResult:
     """Delete events created more than `older_than` ago, then the payloads of
     the deleted events that no remaining event references; return the counts
@@ -105,18 +115,26 @@ def prune(
     storing or reusing at that moment is left alone, never pulled out from
     under its event, and judged again by the next prune (`gc_payloads_chunk`
     in sql/functions/20_watch.sql). Chunks committed before an error stay done.
+
+    With `respect_ttl`, an `older_than` shorter than the longest ttl of a lease
+    held now is refused with `ValidationError` and nothing is deleted (the
+    check ``pglease prune`` makes without ``--force``).
     """
-    request = PruneRequest(_check_age(older_than), check_chunk(chunk))
+    request = PruneRequest(_check_age(older_than), check_chunk(chunk), _check_flag(respect_ttl))
     report = store.runtime_driver().prune(request)
     _instrument.recorder.pruned(report.events, report.payloads)
     return PruneResult(report.events, report.payloads)
 
 
 async def prune_async(
-    store: _AsyncPruner, older_than: float | timedelta, *, chunk: int = DEFAULT_CHUNK
+    store: _AsyncPruner,
+    older_than: float | timedelta,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    respect_ttl: bool = False,
 ) -> PruneResult:
     """Asyncio twin of `prune`."""
-    request = PruneRequest(_check_age(older_than), check_chunk(chunk))
+    request = PruneRequest(_check_age(older_than), check_chunk(chunk), _check_flag(respect_ttl))
     report = await store.runtime_driver().prune(request)
     _instrument.recorder.pruned(report.events, report.payloads)
     return PruneResult(report.events, report.payloads)

@@ -235,6 +235,19 @@ def test_prune_refuses_bad_bounds_and_changes_nothing(
     assert len(store.events(old)) == 2
 
 
+def test_prune_respecting_ttls_refuses_an_age_below_a_held_lease_ttl(store: Any) -> None:
+    old, _new = _old_and_new(store)  # held for 60 s
+    held = store.ensure_resource("run", "long")
+    assert store.claim(held, B, 1800) is not None
+    with pytest.raises(ValidationError, match=r"longest TTL in use \(1800s"):
+        prune(store, 600, respect_ttl=True)
+    assert len(store.events(old)) == 2  # nothing deleted
+    with pytest.raises(ValidationError, match="respect_ttl must be a bool"):
+        prune(store, 3600, respect_ttl="yes")  # type: ignore[arg-type]
+    assert prune(store, 600) == 2  # without the check, as before
+    assert prune(store, 3600, respect_ttl=True) == 0  # allowed: nothing left that old
+
+
 def test_a_cursor_a_prune_passed_is_expired(store: Any) -> None:
     old, new = _old_and_new(store)
     first = store.events(old)[0]
@@ -267,6 +280,8 @@ async def test_async_prune_and_an_expired_cursor(astore: Any) -> None:
     first = (await astore.events(old))[0]
     with pytest.raises(ValidationError, match="chunk"):
         await prune_async(astore, 3600, chunk=0)
+    with pytest.raises(ValidationError, match="longest TTL in use"):
+        await prune_async(astore, 30, respect_ttl=True)  # `new` is held for 60 s
     assert len(await astore.events(old)) == 2
     deleted = await prune_async(astore, 3600, chunk=1)
     assert deleted.events == 2 and deleted.payloads == 0
