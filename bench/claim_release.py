@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import find_pgbench, machine_info, throwaway_server
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore
-from pglease.postgres._core import Queries
 from pglease.postgres._fastpath import CLAIM, RELEASE, FastPath
+from pglease.postgres._queries import Queries
 
 TARGET_RATIO = 0.8
 RESOURCE_TYPE = "bench"

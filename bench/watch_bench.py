@@ -68,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _server import find_pgbench, machine_info, throwaway_server
 
 from pglease import AsyncPostgresStore, Owner, PostgresStore
-from pglease.postgres._core import Queries
+from pglease.postgres._queries import Queries
 from pglease.watch import AsyncWatcher, WatchClosedError, Watcher
 
 PGBENCH_ID_BASE = 10**18

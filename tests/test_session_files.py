@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -583,16 +583,27 @@ def test_background_renewal_keeps_lease(tmp_path: Path) -> None:
 
 def test_dropped_handle_stops_renewing(tmp_path: Path) -> None:
     import gc
-    import time
 
-    holder = SessionRepository(tmp_path, lease_seconds=0.5, renew_interval=0.1)
+    from pglease.clock import FakeClock
+
+    clock = FakeClock()
+    holder = SessionRepository(tmp_path, lease_seconds=0.5, renew_interval=0.1, clock=clock)
     session = holder.create("dropped")
-    thread_count = threading.active_count()
+    keeper = holder.keeper
+    assert keeper is not None and len(keeper) == 1
     del session
     gc.collect()
-    time.sleep(0.8)
-    assert threading.active_count() < thread_count
-    with SessionRepository(tmp_path).open("dropped") as again:
+    clock.advance(0.1)  # the next beat finds the file gone: the keeper lets the lease go
+    deadline = time.monotonic() + 10
+    while len(keeper) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(keeper) == 0
+    with sqlite3.connect(tmp_path / "dropped.sqlite") as conn:
+        (expires,) = conn.execute("SELECT expires_at_ms FROM writer_lease").fetchone()
+    clock.advance(1.0)  # beats would be due again for a lease still held
+    # At its recorded expiry the lease is free: nothing extended it meanwhile.
+    later = SessionRepository(tmp_path, renew_interval=None, now_ms=lambda: int(expires))
+    with later.open("dropped") as again:
         assert again.fence == 2
 
 

@@ -1,7 +1,8 @@
-"""What the sync and asyncio PostgreSQL stores share: SQL text, arguments, row parsing.
+"""What every PostgreSQL part of pglease shares: error translation, time limits,
+pooler mode and connection settings.
 
-The two store classes only move these values over a connection, so their
-semantics cannot drift apart.
+The store driver's statements are in `_queries`, the prepared fast path in
+`_fastpath`, and the wording of unknown commit outcomes in `_outcomes`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,9 +56,8 @@ from ..errors import (
     ValidationError,
 )
 from ..migrations import MigrationState
-from ..types import Claim, Owner, Permit
+from ..types import Owner
 from ..validation import check_positive_seconds
-from ._sqltext import for_schema
 
 DEFAULT_SCHEMA = "pglease"
 
@@ -413,139 +412,3 @@ def outcome_unknown(
         owner=owner,
         token=token,
     )
-
-
-class Queries:
-    """The SQL of one schema, composed once per store."""
-
-    def __init__(self, schema: str):
-        q = for_schema(schema)
-        self.ensure = q("SELECT {s}.ensure_resource(%s, %s)")
-        self.claim = q(
-            "SELECT * FROM {s}.claim(%s, %s, %s, %s, %s::float8, %s::bigint, %s::timestamptz)"
-        )
-        self.renew = q(
-            "SELECT * FROM {s}.renew(%s, %s, %s, %s::bigint, %s, %s::float8, %s::bigint,"
-            " %s::timestamptz)"
-        )
-        self.release = q(
-            "SELECT * FROM {s}.release(%s, %s, %s, %s::bigint, %s, %s::bigint, %s::timestamptz)"
-        )
-        self.mutate_begin = q(
-            "SELECT * FROM {s}.mutate_begin(%s, %s::bigint, %s, %s, %s, %s::bigint, %s, %s, %s,"
-            " %s, %s::timestamptz)"
-        )
-        # `held` is judged once per statement by `_clock_now`: the database
-        # clock, or a test time where the schema's owner switched that on.
-        resource_cols = (
-            "r.id, r.type, r.key, r.revision, r.created_at, r.updated_at, l.generation,"
-            " l.owner_type, l.owner_id, l.acquired_at, l.heartbeat_at, l.expires_at,"
-            " (l.owner_id IS NOT NULL AND l.expires_at > c.now)"
-        )
-        resource_from = (
-            " FROM (SELECT {s}._clock_now(%s::timestamptz) AS now) c"
-            " CROSS JOIN {s}.resources r JOIN {s}.leases l ON l.resource_id = r.id"
-        )
-        self.get = q("SELECT " + resource_cols + resource_from + " WHERE r.id = %s")
-        self.list_all = q("SELECT " + resource_cols + resource_from + " ORDER BY r.type, r.key")
-        self.list_type = q(
-            "SELECT " + resource_cols + resource_from + " WHERE r.type = %s ORDER BY r.key"
-        )
-        event_cols = (
-            "SELECT e.id, e.xid::text, e.resource_id, r.type, r.key, e.revision, e.type,"
-            " e.actor_type, e.actor_id, e.lease_generation, e.lease_expires_at, p.body,"
-            " e.payload_sha256, e.created_at FROM {s}.events e"
-            " JOIN {s}.resources r ON r.id = e.resource_id"
-            " LEFT JOIN {s}.payloads p ON p.sha256 = e.payload_sha256"
-        )
-        self.resource_exists = q("SELECT 1 FROM {s}.resources WHERE id = %s")
-        self.events_of = q(
-            event_cols + " WHERE e.resource_id = %s AND e.revision > %s"
-            " ORDER BY e.revision LIMIT %s"
-        )
-
-
-def claim_unknown(
-    resource_id: str, owner: Owner, token: str, ttl: float, dsn: str | None
-) -> Callable[[psycopg.Error], PgleaseError]:
-    def unknown(exc: psycopg.Error) -> PgleaseError:
-        check = (
-            f"read get({resource_id!r}).lease: if it shows {owner.type}:{owner.id} holding it,"
-            " the claim probably committed (renew or release it with this error's `.token`"
-            f" and that generation); a lease taken this way and never renewed runs out after"
-            f" its ttl of {ttl:g} s"
-        )
-        return outcome_unknown(exc, "claim", resource_id, check, dsn, owner=owner, token=token)
-
-    return unknown
-
-
-def renew_unknown(claim: Claim, dsn: str | None) -> Callable[[psycopg.Error], PgleaseError]:
-    def unknown(exc: psycopg.Error) -> PgleaseError:
-        check = (
-            f"read get({claim.resource_id!r}): revision {claim.revision + 1} with generation"
-            f" {claim.generation} held means it committed; otherwise the lease still runs"
-            f" out at {claim.expires_at.isoformat()}"
-        )
-        return outcome_unknown(exc, "renew", claim.resource_id, check, dsn, owner=claim.owner)
-
-    return unknown
-
-
-def release_unknown(claim: Claim, dsn: str | None) -> Callable[[psycopg.Error], PgleaseError]:
-    def unknown(exc: psycopg.Error) -> PgleaseError:
-        check = (
-            f"read get({claim.resource_id!r}).lease: generation {claim.generation} no longer"
-            " held means it is released (or ran out); otherwise release again"
-        )
-        return outcome_unknown(exc, "release", claim.resource_id, check, dsn, owner=claim.owner)
-
-    return unknown
-
-
-def mutate_unknown(
-    exc: psycopg.Error, permit: Permit, event_type: str, dsn: str | None
-) -> CommitOutcomeUnknownError:
-    expected = permit.expected_revision
-    check = (
-        f"read get({permit.resource_id!r}).revision (or its events): the {event_type!r} event"
-        f" at revision {expected + 1} means it committed, revision {expected} that it did not"
-    )
-    owner = permit.lease.owner if permit.lease is not None else None
-    return outcome_unknown(exc, "mutate", permit.resource_id, check, dsn, owner=owner)
-
-
-BEGIN, APPLY, COMMIT = "begin", "apply", "commit"  # the phases of a mutation
-
-
-def mutate_error(
-    exc: psycopg.Error,
-    broken: bool,
-    phase: str,
-    permit: Permit,
-    event_type: str,
-    limits: Limits,
-    dsn: str | None,
-) -> PgleaseError | None:
-    """What a driver error in `mutate` becomes; None: re-raise it unchanged.
-
-    The caller's own SQL in `apply` is theirs: its errors (a UniqueViolation,
-    a syntax error) reach them as psycopg raised them, as any exception of
-    `apply` does. Mapped are the failures pglease causes or must explain: a
-    lost connection, the store's time limits, pglease's own SQLSTATEs.
-    """
-    if broken:
-        if phase == COMMIT:
-            return mutate_unknown(exc, permit, event_type, dsn)
-        # COMMIT was never sent: the server rolls the open transaction back.
-        return lost(exc, dsn, NOTHING_COMMITTED)
-    if phase == APPLY:
-        return translate(exc, limits)
-    return driver_error(exc, limits, dsn)
-
-
-def parse_claim(resource_id: str, owner: Owner, token: str, row: Sequence[Any]) -> Claim | None:
-    claimed, generation, expires_at, revision, _holder_type, _holder_id = row
-    if not claimed:
-        return None
-    return Claim(resource_id, owner, token, generation, expires_at, revision)

@@ -27,9 +27,9 @@ from ..dsn import resolve_dsn
 from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
 from ..migrations import migrate, migration_state
 from ..types import Claim, Event, MutationResult, ResourceState
-from . import _core
-from ._core import Queries
+from . import _core, _outcomes
 from ._fastpath import CLAIM, RELEASE, RENEW, FastPath, NotSentError, from_micros
+from ._queries import Queries
 from ._reuse import ConnectionStack, discard
 
 T = TypeVar("T")
@@ -276,7 +276,7 @@ class PgDriver:
         return str(row[0])
 
     def claim(self, op: ops.ClaimOp) -> Claim | None:
-        unknown = _core.claim_unknown(op.resource_id, op.owner, op.token, op.ttl, self.dsn)
+        unknown = _outcomes.claim_unknown(op.resource_id, op.owner, op.token, op.ttl, self.dsn)
         claimed, generation, expires_at, revision = self._write(
             CLAIM, _common.claim_row(op), unknown
         )
@@ -294,14 +294,14 @@ class PgDriver:
     def renew(self, op: ops.RenewOp) -> Claim:
         claim = op.claim
         args = [*_lease_row(claim, op.token_sha256), op.ttl, op.expected_revision, op.now]
-        unknown = _core.renew_unknown(claim, self.dsn)
+        unknown = _outcomes.renew_unknown(claim, self.dsn)
         expires_at, revision = self._write(RENEW, args, unknown)
         return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
 
     def release(self, op: ops.ReleaseOp) -> int:
         claim = op.claim
         args = [*_lease_row(claim, op.token_sha256), op.expected_revision, op.now]
-        (revision,) = self._write(RELEASE, args, _core.release_unknown(claim, self.dsn))
+        (revision,) = self._write(RELEASE, args, _outcomes.release_unknown(claim, self.dsn))
         return int(revision)
 
     def mutate(self, op: ops.MutateOp, apply: Callable[[Conn], Any] | None) -> MutationResult:
@@ -323,7 +323,7 @@ class PgDriver:
         ]
         conns = self._stack
         conn = self._take(conns)
-        phase = _core.BEGIN
+        phase = _outcomes.BEGIN
         try:
             with conn.transaction():
                 if self._local_limits is not None:
@@ -331,11 +331,11 @@ class PgDriver:
                 cursor = conn.execute(self._q.mutate_begin, args)
                 row = cursor.fetchone()
                 assert row is not None
-                phase = _core.APPLY
+                phase = _outcomes.APPLY
                 value = apply(conn) if apply is not None else None
-                phase = _core.COMMIT  # leaving the block sends COMMIT
+                phase = _outcomes.COMMIT  # leaving the block sends COMMIT
         except psycopg.Error as exc:
-            error = _core.mutate_error(
+            error = _outcomes.mutate_error(
                 exc, conn.broken, phase, permit, op.event_type, self._limits, self.dsn
             )
             if error is None:

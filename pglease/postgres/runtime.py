@@ -51,7 +51,7 @@ from ..driver import (
 from ..errors import DatabaseUnavailableError, LeaseLostError, LockTimeoutError, PgleaseError
 from ..ids import token_hash
 from ..types import Claim, Owner
-from . import _core, maintenance
+from . import _core, _outcomes, maintenance
 from ._sqltext import for_schema
 
 log = logging.getLogger("pglease.runtime")
@@ -235,7 +235,7 @@ def _attempt_error(
 ) -> PgleaseError:
     """A claim attempt's driver error as a PgleaseError (`broken`: the connection died)."""
     if broken:
-        unknown = _core.claim_unknown(
+        unknown = _outcomes.claim_unknown(
             request.resource_id, request.owner, request.token, request.ttl, store.dsn
         )
         return unknown(exc)

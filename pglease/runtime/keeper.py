@@ -59,9 +59,7 @@ from .. import _instrument
 from ..clock import SYSTEM_CLOCK, Clock
 from ..driver import (
     AsyncHeartbeatChannel,
-    AsyncRuntimeDriver,
     HeartbeatChannel,
-    RuntimeDriver,
 )
 from ..errors import LeaseLostError, PgleaseError
 from ..types import Claim
@@ -77,16 +75,29 @@ T = TypeVar("T")
 RELEASE_LIMIT = 5.0
 
 
+class HeartbeatSource(Protocol):
+    """The part of a runtime driver a keeper uses (any `RuntimeDriver` is one):
+    so leases that are not a store's (session files) can be kept too."""
+
+    def heartbeat_channel(self, connect_timeout: float) -> HeartbeatChannel: ...
+
+
+class AsyncHeartbeatSource(Protocol):
+    """The part of an `AsyncRuntimeDriver` an asyncio keeper uses."""
+
+    def heartbeat_channel(self, connect_timeout: float) -> AsyncHeartbeatChannel: ...
+
+
 class StoreInfo(Protocol):
     """What a keeper needs from a store: its runtime driver."""
 
-    def runtime_driver(self) -> RuntimeDriver: ...
+    def runtime_driver(self) -> HeartbeatSource: ...
 
 
 class AsyncStoreInfo(Protocol):
     """What an asyncio keeper needs from a store: its runtime driver."""
 
-    def runtime_driver(self) -> AsyncRuntimeDriver: ...
+    def runtime_driver(self) -> AsyncHeartbeatSource: ...
 
 
 @dataclass

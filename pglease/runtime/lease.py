@@ -164,6 +164,26 @@ class _LeaseBase:
             error = self._error
         self._run_callback(callback, error)
 
+    # --- for holders that also renew or end the lease themselves ---------------
+    # (a session handle's explicit `renew()` and `close()`): the same
+    # bookkeeping the keeper does, so the trust window stays one window.
+
+    def record_renewal(self, requested_at: float, expires_at: datetime) -> bool:
+        """Record a renewal the holder made itself, sent at `requested_at` on this
+        lease's clock; False (nothing changes) if the lease is lost already or
+        its trust window closed before the answer came."""
+        return self._renewed(requested_at, expires_at)
+
+    def expire_if_due(self) -> bool:
+        """Lose the lease now if its trust window has closed (callbacks run);
+        True if this call lost it."""
+        return self._expire_if_due()
+
+    def end(self, reason: str) -> None:
+        """Mark the lease given up by its holder (no loss: `on_lost` callbacks do
+        not run); take it out of its keeper first."""
+        self._close(reason)
+
     # --- keeper side ------------------------------------------------------------
 
     def _renewed(self, requested_at: float, expires_at: datetime) -> bool:

@@ -1,7 +1,9 @@
-"""One-write conveniences shared by the blocking session handles.
+# Generated from pglease/sessions/_conveniences_async.py by tools/async_to_sync.py: do not edit.
+"""One-write conveniences shared by the session handles.
 
 Each is a single `commit` (or `append_entry`), so they behave identically on
-every backend; the handle supplies those two methods.
+every backend; the handle supplies those two methods. This asyncio module is
+the source of `_conveniences.py` (`ConvenienceWrites`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from .._compat_async import Event, Lock, thread_lock
 from ..errors import LeaseLostError, LockTimeoutError, PgleaseError, StaleResourceError
 from ..runtime import AsyncHeldLease
 from ..types import Claim, Owner, Permit
+from ._conveniences_async import AsyncConvenienceWrites
 from .branch_index import BranchQuery
 from .branch_index import scan_branch as _scan_branch
 from .errors import (
@@ -30,12 +31,10 @@ from .model import (
     AddUsage,
     AppendEntry,
     CommitResult,
-    DeleteRegister,
     Entry,
     Register,
     SessionSnapshot,
     SessionStats,
-    SetRegister,
     UsageRow,
     Write,
     load_json,
@@ -49,8 +48,6 @@ from .pg_core import (
     register_from_row,
     usage_from_row,
 )
-
-# sync: from ._conveniences import ConvenienceWrites
 from .pg_io_async import (
     Conn,
     _fetch_all,
@@ -68,7 +65,7 @@ if TYPE_CHECKING:
     from .pg_base_async import AsyncRepositoryBase
 
 
-class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
+class AsyncPostgresSession(AsyncConvenienceWrites):
     """A writer handle on a session in PostgreSQL, holding its writer lease.
 
     Created by the repository's `create/open/fork/import_file`. Same API as
@@ -313,32 +310,6 @@ class AsyncPostgresSession:  # sync: class PostgresSession(ConvenienceWrites):
             [AppendEntry(type, parent_id, payload or {}, custom_type, id)]
         )
         return entries[0]
-
-    # async-only: begin
-    # The blocking flavour inherits these three from `ConvenienceWrites`.
-    async def append_message(
-        self,
-        parent_id: str | None,
-        message: Any,
-        *,
-        terminate: bool | None = None,
-        id: str | None = None,
-    ) -> Entry:
-        """Append a `message` entry (`terminate` only when given)."""
-        payload: dict[str, Any] = {"message": message}
-        if terminate is not None:
-            payload["terminate"] = terminate
-        return await self.append_entry("message", parent_id, payload, id=id)
-
-    async def set_register(self, namespace: str, key: str, value: Any) -> int:
-        """Upsert a register; returns the seq it was written at."""
-        return (await self.commit([SetRegister(namespace, key, value)])).first_seq
-
-    async def delete_register(self, namespace: str, key: str) -> int:
-        """Delete a register (no tombstone); the delete still takes a seq."""
-        return (await self.commit([DeleteRegister(namespace, key)])).first_seq
-
-    # async-only: end
 
     async def add_usage(
         self,

@@ -132,7 +132,7 @@ class WriterLease:
         """A trust window that closed unnoticed is a loss now (the keeper's
         `on_lost` runs); without a keeper the database judges at the next call."""
         if self.held is not None:
-            self.held._expire_if_due()
+            self.held.expire_if_due()
 
     def renew(self) -> str:
         """One heartbeat now; the status ("renewed", "busy", "lost", "expired", ...)."""
@@ -144,8 +144,8 @@ class WriterLease:
         self.claim = dataclasses.replace(self.claim, expires_at=beat.expires_at)
         if self.held is None:
             self._trusted_until = started + self._ttl
-        elif not self.held._renewed(started, beat.expires_at):
-            self.held._expire_if_due()
+        elif not self.held.record_renewal(started, beat.expires_at):
+            self.held.expire_if_due()
             return "lost"  # the trust window had closed before the answer came
         return "renewed"
 
@@ -156,4 +156,4 @@ class WriterLease:
             self._finalizer.detach()
         if self.held is not None and self.keeper is not None:
             self.keeper.remove(self.held)
-            self.held._close(reason)
+            self.held.end(reason)

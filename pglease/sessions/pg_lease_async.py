@@ -133,7 +133,7 @@ class AsyncWriterLease:
         """A trust window that closed unnoticed is a loss now (the keeper's
         `on_lost` runs); without a keeper the database judges at the next call."""
         if self.held is not None:
-            self.held._expire_if_due()
+            self.held.expire_if_due()
 
     async def renew(self) -> str:
         """One heartbeat now; the status ("renewed", "busy", "lost", "expired", ...)."""
@@ -145,8 +145,8 @@ class AsyncWriterLease:
         self.claim = dataclasses.replace(self.claim, expires_at=beat.expires_at)
         if self.held is None:
             self._trusted_until = started + self._ttl
-        elif not self.held._renewed(started, beat.expires_at):
-            self.held._expire_if_due()
+        elif not self.held.record_renewal(started, beat.expires_at):
+            self.held.expire_if_due()
             return "lost"  # the trust window had closed before the answer came
         return "renewed"
 
@@ -157,4 +157,4 @@ class AsyncWriterLease:
             self._finalizer.detach()
         if self.held is not None and self.keeper is not None:
             self.keeper.remove(self.held)
-            self.held._close(reason)
+            self.held.end(reason)
