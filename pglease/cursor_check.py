@@ -19,7 +19,8 @@ so they share a snapshot and a round trip.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -68,11 +69,7 @@ def check_resume(
         )
     if cursor.position < horizon:
         if refuse_expired:
-            raise CursorExpiredError(
-                f"cursor {cursor.text} is older than the pruned horizon"
-                f" {encode_cursor(horizon)}: events after it were deleted; resume from"
-                " 'now' or 'start' and resync"
-            )
+            raise _expired(cursor.text, horizon)
         return
     if cursor.check is None or anchor == cursor.check:
         return  # v1 carries nothing more to check
@@ -213,34 +210,70 @@ def pg_read_after(schema: str, parsed: Cursor, limit: int) -> PgEventsAfter:
 # --- SQLite -------------------------------------------------------------------------------
 
 _SQLITE_CHECK = (
-    "SELECT m.tip, a.resource_id, a.revision, a.created_at"
+    "SELECT max(m.tip, h.pruned_id), h.pruned_id, a.resource_id, a.revision, a.created_at"
     " FROM (SELECT coalesce(max(id), 0) AS tip FROM events) m"
+    " CROSS JOIN event_horizon h"
     " LEFT JOIN (SELECT resource_id, revision, created_at FROM events WHERE id <= ?"
     " ORDER BY id DESC LIMIT 1) a ON 1"
 )
 SQLITE_NOW = "SELECT id, resource_id, revision, created_at FROM events ORDER BY id DESC LIMIT 1"
+_SQLITE_HORIZON = "SELECT pruned_id FROM event_horizon"
+
+
+@contextmanager
+def sqlite_snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """One read transaction on an autocommit connection: the statements inside
+    see one snapshot of the file (WAL mode), so a check and the page it guards
+    cannot straddle a prune."""
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")  # read-only: nothing to keep or undo
+
+
+def _expired(text: str, horizon: Position) -> CursorExpiredError:
+    return CursorExpiredError(
+        f"cursor {text} is older than the pruned horizon {encode_cursor(horizon)}: events"
+        " after it were deleted; resume from 'now' or 'start' and resync"
+    )
 
 
 def sqlite_verify(conn: sqlite3.Connection, cursor: Cursor, *, refuse_expired: bool) -> None:
     """Check a SQLite cursor (xid 0, already checked) against the file's own log."""
     if cursor.position == START and cursor.check is None:
         return
-    tip, rid, revision, created_us = conn.execute(
+    tip, pruned_id, rid, revision, created_us = conn.execute(
         _SQLITE_CHECK, (cursor.position.event_id,)
     ).fetchone()
     end = None
     if cursor.position.event_id > tip:
         end = f"its event {cursor.position.event_id} is past the last event here, {tip}"
     anchor = None if rid is None else fingerprint_us(rid, revision, created_us)
-    # SQLite never prunes: its horizon is the start of the log.
-    check_resume(cursor, end=end, horizon=START, anchor=anchor, refuse_expired=refuse_expired)
+    # Prune (pglease.sqlite.maintenance) deletes a prefix of ids: the horizon
+    # is the last deleted id, and the tip never falls below it.
+    horizon = Position(0, int(pruned_id))
+    check_resume(cursor, end=end, horizon=horizon, anchor=anchor, refuse_expired=refuse_expired)
+
+
+def sqlite_check_horizon(conn: sqlite3.Connection, event_id: int) -> None:
+    """Refuse a watcher's position a prune has passed (`CursorExpiredError`):
+    events after it were deleted before it read them. Position 0 is "start",
+    which means the start of what is left, as on PostgreSQL."""
+    row = conn.execute(_SQLITE_HORIZON).fetchone()
+    pruned_id = int(row[0])
+    if 0 < event_id < pruned_id:
+        raise _expired(encode_cursor(Position(0, event_id)), Position(0, pruned_id))
 
 
 def sqlite_now(conn: sqlite3.Connection) -> str:
-    """The cursor after the last event of a SQLite log (``0.0`` when it is empty)."""
+    """The cursor after the last event of a SQLite log (``0.0`` when it was
+    always empty, the horizon when a prune deleted every event)."""
     row = conn.execute(SQLITE_NOW).fetchone()
     if row is None:
-        return encode_cursor(START)
+        pruned_id = int(conn.execute(_SQLITE_HORIZON).fetchone()[0])
+        return encode_cursor(Position(0, pruned_id))
 
     event_id, rid, revision, created_us = row
     return encode_cursor(Position(0, event_id), fingerprint_us(rid, revision, created_us))

@@ -123,6 +123,27 @@ def test_an_older_file_gets_the_queue_table(tmp_path: Path) -> None:
         assert store.acquire("run", "x", A, 5, timeout=1, fair=True).generation == 1
 
 
+def test_an_older_file_gets_the_expiry_marker_and_the_prune_horizon(tmp_path: Path) -> None:
+    from pglease.watch import prune, reap_once
+
+    path = tmp_path / "old.sqlite"
+    with SqliteStore(path) as store:
+        rid = store.ensure_resource("run", "x")
+        assert store.claim(rid, A, 1.0, now=datetime.now(UTC) - timedelta(hours=1)) is not None
+    with sqlite3.connect(path) as conn:  # as a file written before migration 0003
+        conn.execute("DROP TABLE event_horizon")
+        conn.execute("DROP INDEX leases_to_reap")
+        conn.execute("ALTER TABLE leases DROP COLUMN expired_generation")
+        conn.execute("DELETE FROM schema_migrations WHERE version = 3")
+    with SqliteStore(path, auto_migrate=False) as store:
+        assert store.migrate() == ["0003_maintenance"]
+        assert reap_once(store) == 1
+        assert reap_once(store) == 0
+        assert [e.type for e in store.events(rid)] == ["lease.claimed", "lease.expired"]
+        assert prune(store, 0) == 2
+        assert store.events(rid) == []
+
+
 _HOLDER = """
 import sys
 from pglease import Owner, SqliteStore

@@ -67,7 +67,11 @@ def test_schema_is_versioned_in_the_file(db: Path) -> None:
     with SqliteStore(db) as s:
         assert s.migrate() == []
     rows = query(db, "SELECT version, name, checksum FROM schema_migrations ORDER BY version")
-    assert [(v, n, len(c)) for v, n, c in rows] == [(1, "core", 64), (2, "fleet", 64)]
+    assert [(v, n, len(c)) for v, n, c in rows] == [
+        (1, "core", 64),
+        (2, "fleet", 64),
+        (3, "maintenance", 64),
+    ]
     tables = {r[0] for r in query(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     expected = {"resources", "leases", "payloads", "events", "lease_waiters", "schema_migrations"}
     assert expected <= tables

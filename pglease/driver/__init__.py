@@ -8,8 +8,19 @@ reaches a store's driver through ``store.runtime_driver()`` and nothing else.
 The store driver protocol (`store`, `store_async`, with one frozen parameter
 type per operation in `ops`): what the one lease store (`pglease.store`)
 needs from a backend; `pglease.postgres._driver` and `pglease.sqlite._driver`
-(and their asyncio sources) implement it."""
+(and their asyncio sources) implement it.
 
+Log maintenance (`maintenance`): the reaper's and prune's operations, which
+the same runtime drivers implement."""
+
+from .maintenance import (
+    AsyncMaintenanceDriver,
+    MaintenanceDriver,
+    PruneReport,
+    PruneRequest,
+    ReapReport,
+    ReapRequest,
+)
 from .protocol import (
     AsyncChangeFeed,
     AsyncHeartbeatChannel,
@@ -30,6 +41,7 @@ from .store_async import AsyncStoreDriver
 __all__ = [
     "AsyncChangeFeed",
     "AsyncHeartbeatChannel",
+    "AsyncMaintenanceDriver",
     "AsyncRuntimeDriver",
     "AsyncStoreDriver",
     "ChangeFeed",
@@ -40,6 +52,11 @@ __all__ = [
     "HeartbeatResult",
     "HeartbeatStatus",
     "LeaveQueue",
+    "MaintenanceDriver",
+    "PruneReport",
+    "PruneRequest",
+    "ReapReport",
+    "ReapRequest",
     "RuntimeDriver",
     "StoreDriver",
 ]

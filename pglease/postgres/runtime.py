@@ -13,6 +13,9 @@ libpq startup ``options`` (PgBouncer refuses those), and is named
 ``pglease-keeper-<schema>`` in ``pg_stat_activity``. In pooler mode there is
 no session setup and psycopg prepares nothing. `abort` shuts the socket down
 (see `_abort`), so a statement stuck on a dead connection fails at once.
+
+The same drivers implement log maintenance (`pglease.driver.maintenance`):
+the reaper and prune, in `pglease.postgres.maintenance`.
 """
 
 from __future__ import annotations
@@ -31,18 +34,24 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import psycopg
 
 from ..driver import (
+    AsyncMaintenanceDriver,
     AsyncRuntimeDriver,
     ClaimAttempt,
     ClaimRequest,
     HeartbeatItem,
     HeartbeatResult,
     LeaveQueue,
+    MaintenanceDriver,
+    PruneReport,
+    PruneRequest,
+    ReapReport,
+    ReapRequest,
     RuntimeDriver,
 )
 from ..errors import DatabaseUnavailableError, LeaseLostError, LockTimeoutError, PgleaseError
 from ..ids import token_hash
 from ..types import Claim, Owner
-from . import _core, _outcomes
+from . import _core, _outcomes, maintenance
 from ._sqltext import for_schema
 
 log = logging.getLogger("pglease.runtime")
@@ -377,6 +386,12 @@ class PgRuntime:
         # The store's watcher: LISTEN/NOTIFY wake-ups on the process's hub.
         return self._store.watch(after="now", resources=resource_id, event_types=event_types)
 
+    def reap(self, request: ReapRequest) -> ReapReport:
+        return maintenance.reap(self._store, request)
+
+    def prune(self, request: PruneRequest) -> PruneReport:
+        return maintenance.prune(self._store, request)
+
 
 # --------------------------------------------------------------------------- asyncio
 
@@ -519,6 +534,12 @@ class AsyncPgRuntime:
         watcher = self._store.watch(after="now", resources=resource_id, event_types=event_types)
         return await watcher.start()
 
+    async def reap(self, request: ReapRequest) -> ReapReport:
+        return await maintenance.reap_async(self._store, request)
+
+    async def prune(self, request: PruneRequest) -> PruneReport:
+        return await maintenance.prune_async(self._store, request)
+
 
 if TYPE_CHECKING:
     # mypy checks here that both drivers implement the protocol.
@@ -526,4 +547,10 @@ if TYPE_CHECKING:
         return driver
 
     def _async_driver(driver: AsyncPgRuntime) -> AsyncRuntimeDriver:
+        return driver
+
+    def _sync_maintenance(driver: PgRuntime) -> MaintenanceDriver:
+        return driver
+
+    def _async_maintenance(driver: AsyncPgRuntime) -> AsyncMaintenanceDriver:
         return driver

@@ -85,6 +85,8 @@ class _Lease:
     token_sha256: bytes | None
     expires_at: int | None
     revision: int
+    #: The generation whose `lease.expired` is recorded (migration 0003).
+    expired_generation: int | None
 
     def live(self, now: int) -> bool:
         return self.owner_id is not None and self.expires_at is not None and self.expires_at > now
@@ -93,7 +95,8 @@ class _Lease:
 def lock_lease(conn: sqlite3.Connection, rid: str) -> _Lease:
     row = conn.execute(
         "SELECT l.generation, l.owner_type, l.owner_id, l.token_sha256, l.expires_at,"
-        " r.revision FROM leases l JOIN resources r ON r.id = l.resource_id"
+        " r.revision, l.expired_generation FROM leases l JOIN resources r"
+        " ON r.id = l.resource_id"
         " WHERE l.resource_id = ?",
         (rid,),
     ).fetchone()
@@ -174,6 +177,32 @@ def _bump(
     return int(row[0]), cur.lastrowid
 
 
+def expiry_unrecorded(lease: _Lease, now: int) -> bool:
+    """A holder is still recorded, its ttl ran out at `now`, and that
+    generation has no `lease.expired` event yet."""
+    return (
+        lease.owner_id is not None
+        and not lease.live(now)
+        and lease.expired_generation != lease.generation
+    )
+
+
+def record_expiry(conn: sqlite3.Connection, lease: _Lease, now: int) -> int:
+    """Under the write lock: write `lease`'s `lease.expired` event (revision +1,
+    the generation kept) and mark the generation; return the new revision.
+    The reaper and a takeover both come through here, so the marker is the one
+    place that decides whether a generation's expiry is already recorded."""
+    rid = lease.resource_id
+    conn.execute(
+        "UPDATE leases SET expired_generation = ? WHERE resource_id = ?", (lease.generation, rid)
+    )
+    revision, _ = _bump(
+        conn, rid, now, "lease.expired", lease.owner_type, lease.owner_id, lease.generation,
+        lease.expires_at, None,
+    )  # fmt: skip
+    return revision
+
+
 def claim_locked(
     conn: sqlite3.Connection,
     lease: _Lease,
@@ -190,22 +219,12 @@ def claim_locked(
     rid = lease.resource_id
     if lease.live(t):
         return None
-    if lease.owner_id is not None:
+    if expiry_unrecorded(lease, t):
         # A holder still recorded ran out without a release: record that
-        # generation's expiry first, as the PostgreSQL claim does (sql/0007)
-        # so both backends give watchers the same history. SQLite has no
-        # reaper, so no earlier `lease.expired` for it can exist.
-        _bump(
-            conn,
-            rid,
-            t,
-            "lease.expired",
-            lease.owner_type,
-            lease.owner_id,
-            lease.generation,
-            lease.expires_at,
-            None,
-        )
+        # generation's expiry first, as the PostgreSQL claim does (sql/0007),
+        # unless the reaper already did (the marker), so both backends give
+        # watchers the same history.
+        record_expiry(conn, lease, t)
     generation = lease.generation + 1
     expires = t + ttl_us(ttl_s)
     conn.execute(
@@ -417,7 +436,9 @@ def _sqlite_cursor(parsed: Cursor, cursor: str | None) -> Cursor:
 
 def read_log(db: Database, op: ops.ReadLogOp) -> list[Event]:
     parsed = _sqlite_cursor(op.cursor, op.cursor.text)
-    with db.connection() as conn:
+    # The check and the page share one snapshot: a prune committing between
+    # them could otherwise delete events the check let the page expect.
+    with db.connection() as conn, cursor_check.sqlite_snapshot(conn):
         cursor_check.sqlite_verify(conn, parsed, refuse_expired=True)
         return _read_after(conn, parsed.position.event_id, op.limit)
 
@@ -437,9 +458,11 @@ def now_cursor(db: Database) -> str:
 
 
 def events_after_id(db: Database, event_id: int, limit: int) -> list[Event]:
-    """The events after `event_id`, unchecked: a watcher's polls after its
-    cursor was checked once."""
-    with db.connection() as conn:
+    """The events after `event_id`: a watcher's polls after its cursor was
+    checked once. Only the prune horizon is checked again (one snapshot with
+    the page): a watcher that a prune passed gets `CursorExpiredError`."""
+    with db.connection() as conn, cursor_check.sqlite_snapshot(conn):
+        cursor_check.sqlite_check_horizon(conn, event_id)
         return _read_after(conn, event_id, limit)
 
 

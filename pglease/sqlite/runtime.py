@@ -19,7 +19,8 @@ role `clock_timestamp()` plays on PostgreSQL, and reported as
   wait): that wait is bounded by ``busy_timeout`` alone, and the keeper's
   watchdog closes trust windows on time meanwhile, as on PostgreSQL;
 * changes: the store's polling watcher (`pglease.sqlite.watch`), which reads
-  the file itself, so releases by other processes wake waiters too.
+  the file itself, so releases by other processes wake waiters too;
+* reap and prune: `pglease.sqlite.maintenance`.
 """
 
 from __future__ import annotations
@@ -31,18 +32,25 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..driver import (
+    AsyncMaintenanceDriver,
     AsyncRuntimeDriver,
     ClaimAttempt,
     ClaimRequest,
     HeartbeatItem,
     HeartbeatResult,
     LeaveQueue,
+    MaintenanceDriver,
+    PruneReport,
+    PruneRequest,
+    ReapReport,
+    ReapRequest,
     RuntimeDriver,
 )
 from ..driver.protocol import HeartbeatStatus
 from ..errors import LockTimeoutError
 from ..ids import token_hash
 from ..types import Claim, Owner
+from . import maintenance
 from ._db import clock_us, from_us, opt_from_us, ttl_us
 from ._ops import _Lease, claim_locked, lock_lease
 
@@ -238,6 +246,12 @@ class SqliteRuntime:
     def changes(self, resource_id: str, event_types: Sequence[str]) -> SqliteWatcher:
         return self._store.watch(after="now", resources=resource_id, event_types=event_types)
 
+    def reap(self, request: ReapRequest) -> ReapReport:
+        return maintenance.reap(self._store._db, request)
+
+    def prune(self, request: PruneRequest) -> PruneReport:
+        return maintenance.prune(self._store._db, request)
+
 
 class AsyncSqliteHeartbeatChannel:
     """The asyncio twin: each call runs the blocking line in a worker thread."""
@@ -290,6 +304,12 @@ class AsyncSqliteRuntime:
         watcher = self._store.watch(after="now", resources=resource_id, event_types=event_types)
         return await watcher.start()
 
+    async def reap(self, request: ReapRequest) -> ReapReport:
+        return await asyncio.to_thread(maintenance.reap, self._store.sync_store._db, request)
+
+    async def prune(self, request: PruneRequest) -> PruneReport:
+        return await asyncio.to_thread(maintenance.prune, self._store.sync_store._db, request)
+
 
 if TYPE_CHECKING:
     # mypy checks here that both drivers implement the protocol.
@@ -297,4 +317,10 @@ if TYPE_CHECKING:
         return driver
 
     def _async_driver(driver: AsyncSqliteRuntime) -> AsyncRuntimeDriver:
+        return driver
+
+    def _sync_maintenance(driver: SqliteRuntime) -> MaintenanceDriver:
+        return driver
+
+    def _async_maintenance(driver: AsyncSqliteRuntime) -> AsyncMaintenanceDriver:
         return driver

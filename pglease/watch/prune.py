@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
-
-import psycopg
+from typing import Protocol
 
 from .. import _instrument
-from ..errors import DatabaseError, PgleaseError, ValidationError
-from ..postgres._core import pooler_local_limits, translate
-from ..postgres._sqltext import for_schema
-from .watcher import AsyncStore, SyncStore
+from ..driver.maintenance import AsyncMaintenanceDriver, MaintenanceDriver, PruneRequest
+from ..errors import ValidationError
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -68,16 +64,12 @@ class PruneResult(int):
 
 
 #: Events per chunk, each chunk its own transaction; payloads go half as many
-#: per chunk (each costs an index probe of the events, through the entries the
-#: deleted events left until vacuum). Sized so a chunk stays under ~100 ms on a
-#: busy 2-core server (bench/RESULTS-scale.md): that is how long a prune can
-#: hold back any watcher of the cluster.
+#: per chunk on PostgreSQL (`pglease.postgres.maintenance.payload_chunk`).
+#: Sized so a chunk stays under ~100 ms on a busy 2-core server
+#: (bench/RESULTS-scale.md): that is how long a prune can hold back any
+#: watcher of the cluster.
 DEFAULT_CHUNK = 1000
 MAX_CHUNK = 100_000
-
-
-def _payload_chunk(chunk: int) -> int:
-    return max(1, chunk // 2)
 
 
 def check_chunk(chunk: object) -> int:
@@ -88,110 +80,61 @@ def check_chunk(chunk: object) -> int:
     return chunk
 
 
-class _Queries:
-    """The three statements of a chunked prune, for one schema."""
-
-    def __init__(self, schema: str) -> None:
-        q = for_schema(schema)
-        # By the database clock, once: later chunks keep the same cutoff, so
-        # a prune ends even while new events keep arriving.
-        self.cutoff = q("SELECT clock_timestamp() - make_interval(secs => %s)")
-        self.events = q("SELECT events, done FROM {s}.prune_chunk(%s, %s)")
-        self.payloads = q("SELECT payloads, last_sha256, done FROM {s}.gc_payloads_chunk(%s, %s)")
+def _check_flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValidationError(f"respect_ttl must be a bool, got {value!r}")
+    return value
 
 
-def _failed(exc: psycopg.Error) -> PgleaseError:
-    known = translate(exc)
-    if known is not None:
-        return known
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return DatabaseError(f"prune failed: {first}", sqlstate=exc.diag.sqlstate)
+class _Pruner(Protocol):
+    def runtime_driver(self) -> MaintenanceDriver: ...
+
+
+class _AsyncPruner(Protocol):
+    def runtime_driver(self) -> AsyncMaintenanceDriver: ...
 
 
 def prune(
-    store: SyncStore, older_than: float | timedelta, *, chunk: int = DEFAULT_CHUNK
+    store: _Pruner,
+    older_than: float | timedelta,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    respect_ttl: bool = False,
 ) -> PruneResult:
     """Delete events created more than `older_than` ago, then the payloads of
     the deleted events that no remaining event references; return the counts
-    (an int: the events).
+    (an int: the events). Works on every store (PostgreSQL and SQLite).
 
     Deletes a prefix of the log in read order, never an event a watcher could
     still be about to read for the first time without noticing: a watcher whose
     cursor is below the deleted range gets `CursorExpiredError`. The work is
-    done in chunks of at most `chunk` events (then ``chunk // 2`` payloads),
-    each its own short transaction, because any open writing transaction holds back every
-    watcher of the cluster (see README "Watching"). A payload a writer is
+    done in chunks of at most `chunk` events (then, on PostgreSQL,
+    ``chunk // 2`` payloads), each its own short transaction, because any open
+    writing transaction holds back every watcher of the cluster (see README
+    "Watching"), and on SQLite every writer of the file. A payload a writer is
     storing or reusing at that moment is left alone, never pulled out from
     under its event, and judged again by the next prune (`gc_payloads_chunk`
-    in sql/functions/20_watch.sql).
+    in sql/functions/20_watch.sql). Chunks committed before an error stay done.
+
+    With `respect_ttl`, an `older_than` shorter than the longest ttl of a lease
+    held now is refused with `ValidationError` and nothing is deleted (the
+    check ``pglease prune`` makes without ``--force``).
     """
-    seconds = _check_age(older_than)
-    size = check_chunk(chunk)
-    q = _Queries(store.schema)
-    events = payloads = 0
-    # Behind a transaction pooler no session SET bounds a statement: each
-    # chunk then runs in a transaction that sets the store's limits first.
-    bound = pooler_local_limits(store)
-    try:
-        with store.connection() as conn:
-
-            def one(query: bytes, args: list[Any]) -> tuple[Any, ...]:
-                if bound is None:
-                    return _row(conn.execute(query, args).fetchone())
-                with conn.transaction():
-                    conn.execute(bound)
-                    return _row(conn.execute(query, args).fetchone())
-
-            cutoff = one(q.cutoff, [seconds])[0]
-            done = False
-            while not done:
-                n, done = one(q.events, [cutoff, size])
-                events += int(n)
-            after, done = b"", False
-            while not done:
-                n, after, done = one(q.payloads, [after, _payload_chunk(size)])
-                payloads += int(n)
-    except psycopg.Error as exc:
-        # Chunks already committed stay done; the next prune carries on.
-        raise _failed(exc) from exc
-    _instrument.recorder.pruned(events, payloads)
-    return PruneResult(events, payloads)
+    request = PruneRequest(_check_age(older_than), check_chunk(chunk), _check_flag(respect_ttl))
+    report = store.runtime_driver().prune(request)
+    _instrument.recorder.pruned(report.events, report.payloads)
+    return PruneResult(report.events, report.payloads)
 
 
 async def prune_async(
-    store: AsyncStore, older_than: float | timedelta, *, chunk: int = DEFAULT_CHUNK
+    store: _AsyncPruner,
+    older_than: float | timedelta,
+    *,
+    chunk: int = DEFAULT_CHUNK,
+    respect_ttl: bool = False,
 ) -> PruneResult:
     """Asyncio twin of `prune`."""
-    seconds = _check_age(older_than)
-    size = check_chunk(chunk)
-    q = _Queries(store.schema)
-    events = payloads = 0
-    bound = pooler_local_limits(store)
-    try:
-        async with store.connection() as conn:
-
-            async def one(query: bytes, args: list[Any]) -> tuple[Any, ...]:
-                if bound is None:
-                    return _row(await (await conn.execute(query, args)).fetchone())
-                async with conn.transaction():
-                    await conn.execute(bound)
-                    return _row(await (await conn.execute(query, args)).fetchone())
-
-            cutoff = (await one(q.cutoff, [seconds]))[0]
-            done = False
-            while not done:
-                n, done = await one(q.events, [cutoff, size])
-                events += int(n)
-            after, done = b"", False
-            while not done:
-                n, after, done = await one(q.payloads, [after, _payload_chunk(size)])
-                payloads += int(n)
-    except psycopg.Error as exc:
-        raise _failed(exc) from exc
-    _instrument.recorder.pruned(events, payloads)
-    return PruneResult(events, payloads)
-
-
-def _row(row: Any) -> tuple[Any, ...]:
-    assert row is not None  # each function returns exactly one row
-    return tuple(row)
+    request = PruneRequest(_check_age(older_than), check_chunk(chunk), _check_flag(respect_ttl))
+    report = await store.runtime_driver().prune(request)
+    _instrument.recorder.pruned(report.events, report.payloads)
+    return PruneResult(report.events, report.payloads)

@@ -14,6 +14,11 @@ claim that takes over an expired lease the reaper has not reached yet writes
 that generation's `lease.expired` itself, in its own transaction, right before
 its `lease.claimed` (sql/0007_expiry_gc.sql). Both set the same marker, so a
 generation never gets two.
+
+On SQLite (`pglease.sqlite.maintenance`) the same rules hold: one lease per
+write transaction, the same marker, and a takeover that beats the reaper
+records the expiry itself. Everything here goes through the store's runtime
+driver (`pglease.driver.maintenance`), so it runs on every store.
 """
 
 from __future__ import annotations
@@ -25,14 +30,11 @@ import threading
 import time
 from typing import Any, Protocol
 
-import psycopg
-
 from .. import _instrument
-from ..errors import PgleaseError, ValidationError
-from ..postgres._core import Limits, driver_error, pooler_local_limits
+from .._watch_common import check_interval
+from ..driver.maintenance import AsyncMaintenanceDriver, MaintenanceDriver, ReapRequest
+from ..errors import ValidationError
 from ..types import Claim, Owner
-from ._core import WatchQueries, check_interval
-from .watcher import AsyncStore, SyncStore
 
 log = logging.getLogger("pglease.watch.reaper")
 
@@ -46,79 +48,36 @@ def _check_limit(limit: int) -> int:
     return limit
 
 
-def reap_once(store: SyncStore, limit: int = DEFAULT_LIMIT) -> int:
+class _Reapable(Protocol):
+    def runtime_driver(self) -> MaintenanceDriver: ...
+
+
+class _AsyncReapable(Protocol):
+    def runtime_driver(self) -> AsyncMaintenanceDriver: ...
+
+
+def reap_once(store: _Reapable, limit: int = DEFAULT_LIMIT) -> int:
     """Write `lease.expired` for up to `limit` expired, unreaped leases; return how many.
 
-    One lease per transaction (`reap_next`): a batch in one transaction could
-    be refused by the per-resource event-order guard as a whole whenever a
-    write to one of its later leases committed meanwhile. Leases a writer is
-    busy with are left for the next call.
+    One lease per transaction: a batch in one transaction could be refused by
+    PostgreSQL's per-resource event-order guard as a whole whenever a write
+    to one of its later leases committed meanwhile. Leases a writer is busy
+    with are left for the next call. Works on every store (PostgreSQL and
+    SQLite); leases reaped before an error stay reaped.
     """
-    limit = _check_limit(limit)
-    q = WatchQueries(store.schema)
-    reaped = 0
-    after = ""
-    # Behind a transaction pooler no session SET bounds a statement: each reap
-    # then runs in a transaction that sets the store's limits first.
-    bound = pooler_local_limits(store)
-    try:
-        with store.connection() as conn:
-            for _ in range(limit):
-                if bound is None:
-                    row = conn.execute(q.reap_next, [after]).fetchone()
-                    conn.commit()
-                else:
-                    with conn.transaction():
-                        conn.execute(bound)
-                        row = conn.execute(q.reap_next, [after]).fetchone()
-                if row is None or row[0] is None:
-                    break
-                after = row[0]
-                reaped += bool(row[1])
-    except psycopg.Error as exc:
-        # Leases reaped before the error stay reaped (one per transaction).
-        raise _reap_error(store, exc) from exc
-    _instrument.recorder.reaped(reaped)
-    return reaped
+    report = store.runtime_driver().reap(ReapRequest(_check_limit(limit)))
+    _instrument.recorder.reaped(report.reaped)
+    return report.reaped
 
 
-async def reap_once_async(store: AsyncStore, limit: int = DEFAULT_LIMIT) -> int:
+async def reap_once_async(store: _AsyncReapable, limit: int = DEFAULT_LIMIT) -> int:
     """Asyncio twin of `reap_once`."""
-    limit = _check_limit(limit)
-    q = WatchQueries(store.schema)
-    reaped = 0
-    after = ""
-    bound = pooler_local_limits(store)
-    try:
-        async with store.connection() as conn:
-            for _ in range(limit):
-                if bound is None:
-                    row = await (await conn.execute(q.reap_next, [after])).fetchone()
-                    await conn.commit()
-                else:
-                    async with conn.transaction():
-                        await conn.execute(bound)
-                        row = await (await conn.execute(q.reap_next, [after])).fetchone()
-                if row is None or row[0] is None:
-                    break
-                after = row[0]
-                reaped += bool(row[1])
-    except psycopg.Error as exc:
-        raise _reap_error(store, exc) from exc
-    _instrument.recorder.reaped(reaped)
-    return reaped
+    report = await store.runtime_driver().reap(ReapRequest(_check_limit(limit)))
+    _instrument.recorder.reaped(report.reaped)
+    return report.reaped
 
 
-def _reap_error(store: object, exc: psycopg.Error) -> PgleaseError:
-    """A driver error of a reap as a PgleaseError, worded with the store's limits."""
-    limits = getattr(store, "limits", None)
-    dsn = getattr(store, "dsn", None)
-    return driver_error(
-        exc, limits if isinstance(limits, Limits) else None, dsn if isinstance(dsn, str) else None
-    )
-
-
-class _LeaseStore(SyncStore, Protocol):
+class _LeaseStore(_Reapable, Protocol):
     def ensure_resource(self, resource_type: str, key: str) -> str: ...
     def claim(self, resource_id: str, owner: Owner, ttl: float) -> Claim | None: ...
     def renew(self, claim: Claim, ttl: float) -> Claim: ...
