@@ -117,11 +117,7 @@ _RUNTIME_PACKAGES = ("pglease.runtime", "pglease.fleet", "pglease.watch")
 
 #: Runtime modules that still import a backend, with why. The test fails when
 #: a new one appears and when a listed one no longer does (the list only shrinks).
-PENDING_BACKEND_IMPORTS: dict[str, str] = {
-    "pglease.watch.reaper": "moving behind the reap/prune protocol (issue 13, its own branch)",
-    "pglease.watch.prune": "moving behind the reap/prune protocol (issue 13, its own branch)",
-    "pglease.watch._core": "re-exports the reaper's and prune's SQL and store protocols",
-}
+PENDING_BACKEND_IMPORTS: dict[str, str] = {}
 
 
 def _backend_imports(path: Path) -> set[str]:

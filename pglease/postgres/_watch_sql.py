@@ -41,9 +41,6 @@ class WatchQueries:
             "SELECT pg_snapshot_xmin(pg_current_snapshot())::text,"
             " pruned_xid::text, pruned_id FROM {s}.event_horizon"
         )
-        # The reaper's and prune's (pglease.watch.reaper, .prune).
-        self.reap_next = q("SELECT lease_resource, reaped FROM {s}.reap_next(%s)")
-        self.prune = q("SELECT {s}.prune_events(make_interval(secs => %s))")
 
 
 def read_args(after: Position, upto: Position, limit: int) -> list[Any]:

@@ -35,9 +35,6 @@ from ..errors import CursorExpiredError, WatchClosedError
 
 # The reaper's and prune's SQL and store protocols (`watcher.Store`, `AsyncStore`):
 # they move with them behind the reap/prune protocol.
-from ..postgres._store_protocol import AsyncStore as AsyncStore
-from ..postgres._store_protocol import Store as Store
-from ..postgres._watch_sql import WatchQueries as WatchQueries
 from ..types import Event
 
 #: The biggest position; the hub reads with no upper bound.

@@ -8,7 +8,6 @@ without I/O is in `_watcher_base`, how their mailboxes join the hub in `_fanout`
 
 from __future__ import annotations
 
-from ._core import AsyncStore, Store
 from ._watcher import Watcher, watch
 from ._watcher_async import AsyncWatcher, watch_async
 from ._watcher_base import (
@@ -18,8 +17,11 @@ from ._watcher_base import (
     WatchedStore,
 )
 
-#: The older name of `Store` (the reaper and prune use it).
-SyncStore = Store
+#: Older names of the watched-store protocols, kept for one release (the
+#: reaper and prune now take any store through its maintenance driver).
+Store = WatchedStore
+AsyncStore = AsyncWatchedStore
+SyncStore = WatchedStore
 
 __all__ = [
     "DEFAULT_FALLBACK_INTERVAL",

@@ -1,0 +1,201 @@
+"""The runtime drivers of the PostgreSQL stores, asyncio source of `_runtime.py`
+(see `pglease.postgres.runtime` for what they do and how keeper lines are set up)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from ..driver import (
+    ClaimAttempt,
+    ClaimRequest,
+    HeartbeatItem,
+    HeartbeatResult,
+    LeaveQueue,
+    PruneReport,
+    PruneRequest,
+    ReapReport,
+    ReapRequest,
+)
+from ..errors import DatabaseUnavailableError, LeaseLostError, LockTimeoutError
+from ..types import Claim
+from . import _core, maintenance
+from ._runtime_core import (
+    _CONNECT_FAILED,
+    SESSION_SETUP,
+    FleetQueries,
+    _abort,
+    _attempt,
+    _attempt_error,
+    _batch_args,
+    _busy,
+    _claim_query,
+    _connect_error,
+    _connect_kwargs,
+    _limits,
+    _raise,
+    _release_args,
+    _results,
+    log,
+)
+
+# sync: import threading
+
+
+class AsyncPgHeartbeatChannel:
+    """A keeper's dedicated connection (see `pglease.postgres.runtime`)."""
+
+    def __init__(self, dsn: str, schema: str, pooler: bool, connect_timeout: float) -> None:
+        self._dsn = dsn
+        self._schema = schema
+        self._pooler = pooler
+        self._connect_timeout = connect_timeout
+        self._q = FleetQueries(schema)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        # One opening at a time: `connect` runs in the holder's thread (task),
+        # beats in the keeper's; `abort` (the watchdog's) never takes it.
+        self._lock = asyncio.Lock()  # sync: self._lock = threading.Lock()
+
+    async def connect(self) -> None:
+        await self._connection()
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        async with self._lock:
+            if self._conn is None or self._conn.closed:
+                self._conn = None
+                try:
+                    kwargs = _connect_kwargs(self._connect_timeout, self._schema, self._pooler)
+                    # async-only: begin
+                    # A client-side bound too: psycopg's connect_timeout is per attempt.
+                    async with asyncio.timeout(self._connect_timeout + 1):
+                        conn = await psycopg.AsyncConnection.connect(self._dsn, **kwargs)
+                    # async-only: end
+                    # sync: conn = psycopg.connect(self._dsn, **kwargs)
+                except psycopg.Error as exc:
+                    _raise(_connect_error(exc, self._dsn), exc)
+                # async-only: begin
+                except TimeoutError as exc:
+                    raise DatabaseUnavailableError(
+                        f"{_CONNECT_FAILED}: no answer within {self._connect_timeout:g} s"
+                    ) from exc
+                # async-only: end
+                try:
+                    if not self._pooler:
+                        await conn.execute(SESSION_SETUP)
+                except psycopg.Error as exc:
+                    await conn.close()
+                    _raise(_connect_error(exc, self._dsn), exc)
+                self._conn = conn
+            return self._conn
+
+    async def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
+        conn = await self._connection()
+        try:
+            cur = await conn.execute(self._q.heartbeat, _batch_args(batch))
+            rows = await cur.fetchall()
+        except psycopg.Error as exc:
+            await self.close()
+            _raise(_core.driver_error(exc, None, self._dsn), exc)
+        return _results(rows)
+
+    async def release(self, claim: Claim) -> None:
+        conn = await self._connection()
+        try:
+            await (await conn.execute(self._q.release, _release_args(claim))).fetchall()
+        except psycopg.Error as exc:
+            error = _core.driver_error(exc, None, self._dsn)
+            if not isinstance(error, LeaseLostError):
+                await self.close()
+            _raise(error, exc)
+
+    def abort(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            _abort(conn)
+
+    async def close(self) -> None:
+        async with self._lock:  # not while another caller is opening one
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 1.0)  # sync: conn.close()
+
+
+class AsyncPgRuntime:
+    """The runtime driver of `AsyncPostgresStore` (or of anything with ``dsn``
+    and ``schema``, for a keeper alone)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._q = FleetQueries(store.schema)
+
+    async def attempt_claim(self, request: ClaimRequest) -> ClaimAttempt | None:
+        store = self._store
+        query, args = _claim_query(self._q, request)
+        try:
+            async with store.connection() as conn:
+                try:
+                    if (bound := _core.pooler_local_limits(store)) is None:
+                        row = await (await conn.execute(query, args)).fetchone()
+                    else:
+                        # BEGIN, the limits and the claim in one round trip, then COMMIT.
+                        async with conn.pipeline(), conn.transaction():
+                            await conn.execute(bound)
+                            row = await (await conn.execute(query, args)).fetchone()
+                except psycopg.Error as exc:
+                    if _busy(exc):
+                        log.debug("acquire %s: lease row locked, retrying", request.resource_id)
+                        return None
+                    _raise(_attempt_error(exc, conn.broken, store, request), exc)
+        except psycopg.Error as exc:  # checking a connection out: nothing was sent
+            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+        except LockTimeoutError:  # a store that words 55P03 itself
+            return None
+        assert row is not None
+        return _attempt(row)
+
+    async def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
+        """One heartbeat through the store's pool, for a lease its owner keeps alive
+        itself (a session's writer lease): like the keeper's, it extends only the
+        expiry, bumps no revision and writes no event."""
+        store = self._store
+        args = _batch_args(batch)
+        try:
+            async with store.connection() as conn:
+                if (bound := _core.pooler_local_limits(store)) is None:
+                    rows = await (await conn.execute(self._q.heartbeat, args)).fetchall()
+                else:
+                    async with conn.pipeline(), conn.transaction():
+                        await conn.execute(bound)
+                        rows = await (await conn.execute(self._q.heartbeat, args)).fetchall()
+        except psycopg.Error as exc:
+            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+        return _results(rows)
+
+    async def leave_queue(self, request: LeaveQueue) -> None:
+        store = self._store
+        try:
+            async with store.connection() as conn:
+                await conn.execute(self._q.leave_queue, [request.waiter])
+        except psycopg.Error as exc:
+            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+
+    def heartbeat_channel(self, connect_timeout: float) -> AsyncPgHeartbeatChannel:
+        store = self._store
+        pooler = bool(getattr(store, "pooler", False))
+        return AsyncPgHeartbeatChannel(store.dsn, store.schema, pooler, connect_timeout)
+
+    async def changes(self, resource_id: str, event_types: Sequence[str]) -> Any:
+        # The store's watcher: LISTEN/NOTIFY wake-ups on the process's hub.
+        watcher = self._store.watch(after="now", resources=resource_id, event_types=event_types)
+        return await watcher.start()  # sync: return watcher
+
+    async def reap(self, request: ReapRequest) -> ReapReport:
+        return await maintenance.reap_async(self._store, request)
+
+    async def prune(self, request: PruneRequest) -> PruneReport:
+        return await maintenance.prune_async(self._store, request)
