@@ -52,6 +52,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("pglease/sessions/_file_channel_async.py", "pglease/sessions/_file_channel.py"),
     ("pglease/postgres/_reuse_async.py", "pglease/postgres/_reuse.py"),
     ("pglease/postgres/_runtime_async.py", "pglease/postgres/_runtime.py"),
+    ("pglease/postgres/_maintenance_async.py", "pglease/postgres/_maintenance.py"),
     ("pglease/driver/store_async.py", "pglease/driver/store.py"),
     ("pglease/store/_store_async.py", "pglease/store/_store.py"),
     ("pglease/postgres/_driver_async.py", "pglease/postgres/_driver.py"),
