@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _server import find_pgbench, machine_info, throwaway_server
 
-from pglease import AsyncPostgresStore, Owner, PostgresStore
+from pglease import AsyncPostgresStore, Owner, PostgresStore, _common
 from pglease.postgres._fastpath import CLAIM, RELEASE, FastPath
 from pglease.postgres._queries import Queries
 
@@ -491,7 +491,6 @@ def _per_call_us(fn: Callable[[], object], rounds: int) -> float:
 
 def breakdown(dsn: str, schema: str, ids: list[str], ttl: float) -> list[tuple[str, float]]:
     """Single-client costs of the pieces of a cycle, in microseconds per call."""
-    from pglease.postgres import _core
 
     owner = Owner(OWNER_TYPE, OWNER_ID)
     q = Queries(schema)
@@ -508,7 +507,7 @@ def breakdown(dsn: str, schema: str, ids: list[str], ttl: float) -> list[tuple[s
         rows.append(("pool checkout+return (no query)", _per_call_us(checkout, 20000)))
         rows.append(
             ("claim_args (validate, new token, sha256)",
-             _per_call_us(lambda: _core.claim_args(ids[0], owner, ttl, None, None), 20000))
+             _per_call_us(lambda: _common.claim_op(ids[0], owner, ttl, None, None), 20000))
         )  # fmt: skip
         with pool.connection() as conn:
             one = _per_call_us(lambda: conn.execute(b"SELECT 1").fetchone(), 5000)

@@ -47,10 +47,6 @@ def ensure_op(resource_type: str, key: str) -> ops.EnsureOp:
     return ops.EnsureOp(check_resource_type(resource_type), check_key(key))
 
 
-def ensure_args(resource_type: str, key: str) -> tuple[str, str]:
-    return check_resource_type(resource_type), check_key(key)
-
-
 def claim_op(
     resource_id: str,
     owner: Owner,
@@ -72,19 +68,6 @@ def claim_op(
         check_optional_revision(expected_revision),
         check_now(now),
     )
-
-
-def claim_args(
-    resource_id: str,
-    owner: Owner,
-    ttl: float,
-    expected_revision: int | None,
-    now: datetime | None,
-) -> tuple[str, list[Any]]:
-    """A fresh token and ``[resource, owner type, owner id, token sha256, ttl,
-    expected revision, now]`` (`claim_op` as the SQL function's arguments)."""
-    op = claim_op(resource_id, owner, ttl, expected_revision, now)
-    return op.token, claim_row(op)
 
 
 def claim_row(op: ops.ClaimOp) -> list[Any]:

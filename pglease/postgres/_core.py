@@ -16,13 +16,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
-# Backend-neutral helpers live in `pglease._common`; re-exported here so existing
-# imports (`_core.claim_args`, ...) keep working.
-from .._common import MAX_EVENT_PAGE as MAX_EVENT_PAGE
-from .._common import check_claim as _check_claim  # noqa: F401
-from .._common import check_now as check_now
-from .._common import claim_args as claim_args
-from .._common import ensure_args as ensure_args
+# Backend-neutral row parsing lives in `pglease._common`; the drivers call it from here.
 from .._common import parse_event as parse_event
 from .._common import parse_resource as parse_resource
 from ..errors import (

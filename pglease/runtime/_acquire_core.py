@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _instrument
-from .._common import claim_args
+from .._common import claim_op
 from ..clock import Clock
 from ..driver import ClaimAttempt, ClaimRequest, LeaveQueue
 from ..errors import AcquireTimeoutError, ValidationError
@@ -57,8 +57,9 @@ class _Plan:
     def __init__(self, rid: str, owner: Owner, ttl: float, fair: bool) -> None:
         self.rid = rid
         self.owner = owner
-        self.token, args = claim_args(rid, owner, ttl, None, None)
-        self.ttl = float(args[4])
+        checked = claim_op(rid, owner, ttl, None, None)  # the store's checks, a fresh token
+        self.token = checked.token
+        self.ttl = checked.ttl
         self.fair = fair
         self.waiter = uuid.uuid4().hex if fair else None
         self.waiter_ttl = min(max(self.ttl, MIN_WAITER_TTL), MAX_WAITER_TTL)
