@@ -12,6 +12,10 @@ For each client count N, on the same server and in the same run:
 - ``bare``: N threads, one plain psycopg connection each, sending the same two
   statements with fixed arguments: what the driver alone costs, without the pool
   and without pglease's validation, token generation and result parsing.
+- ``pq`` (``--pq``): N threads on psycopg's low-level libpq wrapper, and ``apq``
+  (``--apq``): N tasks in one event loop on its non-blocking calls read with the
+  store's own `results_async`. Both send fixed arguments: the floor each flavour
+  could reach from Python.
 
 A cycle is one claim attempt plus, when it was granted, its release; a refused
 claim (the resource was held by another client) still counts as a cycle and is
@@ -365,10 +369,73 @@ def run_pq(
             conn.close()
 
 
+def run_apq(
+    dsn: str, schema: str, ids: list[str], clients: int, ttl: float, warmup: float, seconds: float
+) -> Figure:
+    """The asyncio floor: N tasks in one loop, one `AsyncConnection` each, the store's
+    prepared statements sent with libpq's non-blocking calls and read with the
+    fast path's `results_async`, fixed arguments. What one event loop reaches
+    without the store's connection stack, validation, tokens and parsing."""
+    from pglease.postgres._fastpath import results_async, unwatch
+
+    fast = FastPath(schema)
+    token = hashlib.sha256(b"apq").digest()
+    ttl_text = repr(float(ttl)).encode()
+    owner_type, owner_id = OWNER_TYPE.encode(), OWNER_ID.encode()
+    bids = [i.encode() for i in ids]
+    n = len(bids)
+
+    async def main() -> Figure:
+        conns = [
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(clients)
+        ]
+        try:
+            for conn in conns:
+                for name, text in fast.statements.items():
+                    conn.pgconn.prepare(name, text.encode())
+            counters = [[0, 0] for _ in range(clients)]
+            stop = asyncio.Event()
+
+            async def loop(i: int) -> None:
+                rng = random.Random(i)
+                conn, counter = conns[i], counters[i]
+                pg = conn.pgconn
+                while not stop.is_set():
+                    rid = bids[rng.randrange(n)]
+                    args = [rid, owner_type, owner_id, token, ttl_text, None, None]
+                    pg.send_query_prepared(CLAIM, args, [0, 0, 0, 1, 0, 0, 0])
+                    res = (await results_async(conn))[-1]
+                    if res.get_value(0, 0) == b"t":
+                        args = [rid, owner_type, owner_id, res.get_value(0, 1), token, None, None]
+                        pg.send_query_prepared(RELEASE, args, [0, 0, 0, 0, 1, 0, 0])
+                        await results_async(conn)
+                    else:
+                        counter[1] += 1
+                    counter[0] += 1
+
+            tasks = [asyncio.create_task(loop(i)) for i in range(clients)]
+            await asyncio.sleep(warmup)
+            c0, r0 = sum(c[0] for c in counters), sum(c[1] for c in counters)
+            t0, p0, h0 = time.perf_counter(), time.process_time(), host_busy_seconds()
+            await asyncio.sleep(seconds)
+            c1, r1 = sum(c[0] for c in counters), sum(c[1] for c in counters)
+            t1, p1, h1 = time.perf_counter(), time.process_time(), host_busy_seconds()
+            stop.set()
+            await asyncio.gather(*tasks)
+            return Figure(c1 - c0, r1 - r0, t1 - t0, p1 - p0, h1 - h0)
+        finally:
+            for conn in conns:
+                unwatch(conn)
+                await conn.close()
+
+    return asyncio.run(main())
+
+
 Runner = Callable[[str, str, list[str], int, float, float, float], Figure]
 RUNNERS: dict[str, Runner] = {
     "python": run_sync,
     "asyncio": run_async,
+    "apq": run_apq,
     "bare": run_bare,
     "pq": run_pq,
 }
@@ -571,6 +638,9 @@ def main(argv: list[str] | None = None) -> int:
         "--pq", action="store_true", help="add the low-level psycopg (pgconn) figure"
     )
     parser.add_argument(
+        "--apq", action="store_true", help="add the low-level asyncio (pgconn) figure"
+    )
+    parser.add_argument(
         "--synchronous-commit",
         choices=["server", "on", "off"],
         default="server",
@@ -617,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds += [] if args.no_async else ["asyncio"]
         kinds += [] if args.no_bare else ["bare"]
         kinds += ["pq"] if args.pq else []
+        kinds += ["apq"] if args.apq else []
         results: list[dict[str, Any]] = []
         shown_cmd: list[str] = []
         for n in args.clients:
@@ -691,6 +762,8 @@ def print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None
         head += ["bare psycopg cycles/s", "bare ratio"]
     if args.pq:
         head += ["pgconn cycles/s", "pgconn ratio"]
+    if args.apq:
+        head += ["asyncio pgconn cycles/s", "asyncio pgconn ratio"]
     head += ["refused py/pgb"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---:" for _ in head) + "|")
@@ -707,6 +780,8 @@ def print_table(results: list[dict[str, Any]], args: argparse.Namespace) -> None
             cells += [f"{r['bare'].rate:,.0f}", ratio_cell(r, "bare")]
         if args.pq:
             cells += [f"{r['pq'].rate:,.0f}", ratio_cell(r, "pq")]
+        if args.apq:
+            cells += [f"{r['apq'].rate:,.0f}", ratio_cell(r, "apq")]
         cells.append(f"{r['python'].refused}/{r['pgbench'].refused}")
         print("| " + " | ".join(cells) + " |")
     print("ratio = cycles/s over pgbench cycles/s; in brackets the range over the rounds")

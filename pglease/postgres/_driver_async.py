@@ -21,14 +21,25 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
-from .. import _common, cursor_check
+from .. import cursor_check
 from ..driver import ops
 from ..dsn import resolve_dsn
 from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
 from ..migrations import migrate_async, migration_state_async
 from ..types import Claim, Event, MutationResult, ResourceState
 from . import _core, _outcomes
-from ._fastpath import CLAIM, RELEASE, RENEW, AsyncFastPath, NotSentError, from_micros
+from ._fastpath import (
+    CLAIM,
+    RELEASE,
+    RENEW,
+    AsyncFastPath,
+    NotSentError,
+    Values,
+    claim_values,
+    from_micros,
+    release_values,
+    renew_values,
+)
 from ._queries import Queries
 from ._reuse_async import AsyncConnectionStack, discard
 
@@ -191,15 +202,18 @@ class AsyncPgDriver:
         raise AssertionError("unreachable")
 
     async def _write(
-        self, name: bytes, args: list[Any], unknown: Callable[[psycopg.Error], PgleaseError]
-    ) -> list[bytes]:
-        """One fast-path write. Retried once only when it certainly never ran; a
-        connection lost after it was sent raises `unknown(exc)` (outcome unknown)."""
-        conns = self._stack
+        self, name: bytes, values: Values, op: _Op, unknown: _Unknown[_Op]
+    ) -> pq.abc.PGresult:
+        """One fast-path write of `op`. Retried once only when it certainly never ran;
+        a connection lost after it was sent raises ``unknown(op, dsn)(exc)`` (the
+        outcome unknown; built only then, the hot path allocates no closure)."""
+        conns = self._conns
+        if conns is None:
+            raise StoreClosedError(_NOT_OPEN)
         for attempt in (1, 2):
             conn = await self._take(conns, fast=True)
             try:
-                return await self._fast.call_async(conn, name, args)
+                return await self._fast.call_async(conn, name, values)
             except NotSentError as exc:
                 if conn.broken and attempt == 1:
                     continue
@@ -207,7 +221,7 @@ class AsyncPgDriver:
                 raise error from _core.cause_of(error, exc.cause)
             except psycopg.Error as exc:
                 if conn.broken:
-                    raise unknown(exc) from exc
+                    raise unknown(op, self.dsn)(exc) from exc
                 error = self._error(exc)
                 raise error from _core.cause_of(error, exc)
             finally:
@@ -287,33 +301,28 @@ class AsyncPgDriver:
         return str(row[0])
 
     async def claim(self, op: ops.ClaimOp) -> Claim | None:
-        unknown = _outcomes.claim_unknown(op.resource_id, op.owner, op.token, op.ttl, self.dsn)
-        claimed, generation, expires_at, revision = await self._write(
-            CLAIM, _common.claim_row(op), unknown
-        )
-        if claimed != b"t":
+        result = await self._write(CLAIM, claim_values(op), op, _claim_unknown)
+        if result.get_value(0, 0) != b"t":
             return None
         return Claim(
             op.resource_id,
             op.owner,
             op.token,
-            int(generation),
-            from_micros(expires_at),
-            int(revision),
+            int(result.get_value(0, 1) or b""),
+            from_micros(result.get_value(0, 2) or b""),
+            int(result.get_value(0, 3) or b""),
         )
 
     async def renew(self, op: ops.RenewOp) -> Claim:
-        claim = op.claim
-        args = [*_lease_row(claim, op.token_sha256), op.ttl, op.expected_revision, op.now]
-        unknown = _outcomes.renew_unknown(claim, self.dsn)
-        expires_at, revision = await self._write(RENEW, args, unknown)
-        return replace(claim, expires_at=from_micros(expires_at), revision=int(revision))
+        result = await self._write(RENEW, renew_values(op), op, _renew_unknown)
+        expires_at, revision = result.get_value(0, 0), result.get_value(0, 1)
+        return replace(
+            op.claim, expires_at=from_micros(expires_at or b""), revision=int(revision or b"")
+        )
 
     async def release(self, op: ops.ReleaseOp) -> int:
-        claim = op.claim
-        args = [*_lease_row(claim, op.token_sha256), op.expected_revision, op.now]
-        (revision,) = await self._write(RELEASE, args, _outcomes.release_unknown(claim, self.dsn))
-        return int(revision)
+        result = await self._write(RELEASE, release_values(op), op, _release_unknown)
+        return int(result.get_value(0, 0) or b"")
 
     async def mutate(
         self, op: ops.MutateOp, apply: Callable[[AsyncConn], Awaitable[Any]] | None
@@ -393,6 +402,18 @@ class AsyncPgDriver:
         return read.events(await self._rows(read.query, read.args))
 
 
-def _lease_row(claim: Claim, token_sha256: bytes) -> list[Any]:
-    """The lease a renew or release names, as its SQL function's first arguments."""
-    return [claim.resource_id, claim.owner.type, claim.owner.id, claim.generation, token_sha256]
+_Op = TypeVar("_Op", ops.ClaimOp, ops.RenewOp, ops.ReleaseOp)
+#: Builds the outcome-unknown error of a write whose connection broke after sending.
+_Unknown = Callable[[_Op, str | None], Callable[[psycopg.Error], PgleaseError]]
+
+
+def _claim_unknown(op: ops.ClaimOp, dsn: str | None) -> Callable[[psycopg.Error], PgleaseError]:
+    return _outcomes.claim_unknown(op.resource_id, op.owner, op.token, op.ttl, dsn)
+
+
+def _renew_unknown(op: ops.RenewOp, dsn: str | None) -> Callable[[psycopg.Error], PgleaseError]:
+    return _outcomes.renew_unknown(op.claim, dsn)
+
+
+def _release_unknown(op: ops.ReleaseOp, dsn: str | None) -> Callable[[psycopg.Error], PgleaseError]:
+    return _outcomes.release_unknown(op.claim, dsn)

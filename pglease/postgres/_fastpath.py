@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import select
 import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,6 +44,7 @@ import psycopg
 from psycopg import generators, pq
 from psycopg.errors import error_from_result
 
+from ..driver import ops
 from . import _core
 
 CLAIM = b"pglease_claim"
@@ -68,17 +68,56 @@ def from_micros(value: bytes) -> datetime:
     return _EPOCH + timedelta(microseconds=int(value))
 
 
-def _encode(value: Any) -> bytes | None:
-    kind = type(value)
-    if kind is str:
-        return value.encode()  # type: ignore[no-any-return]
-    if value is None or kind is bytes:
-        return value  # type: ignore[no-any-return]
-    if kind is float:
-        return repr(value).encode()
-    if isinstance(value, datetime):
-        return value.isoformat().encode()
-    return str(value).encode()
+#: A call's parameters as libpq takes them: text, the token hash in binary, NULL as None.
+Values = list[bytes | None]
+
+
+# The parameters are built straight from the checked operation: a generic
+# per-value encoder (`_encode`) costs a call and a type dispatch per value, and
+# this runs twice in every claim/release cycle.
+def claim_values(op: ops.ClaimOp) -> Values:
+    """`claim`'s parameters, in the statement's order."""
+    owner, revision, now = op.owner, op.expected_revision, op.now
+    return [
+        op.resource_id.encode(),
+        owner.type.encode(),
+        owner.id.encode(),
+        op.token_sha256,
+        repr(op.ttl).encode(),
+        None if revision is None else str(revision).encode(),
+        None if now is None else now.isoformat().encode(),
+    ]
+
+
+def renew_values(op: ops.RenewOp) -> Values:
+    """`renew`'s parameters, in the statement's order."""
+    claim, revision, now = op.claim, op.expected_revision, op.now
+    owner = claim.owner
+    return [
+        claim.resource_id.encode(),
+        owner.type.encode(),
+        owner.id.encode(),
+        str(claim.generation).encode(),
+        op.token_sha256,
+        repr(op.ttl).encode(),
+        None if revision is None else str(revision).encode(),
+        None if now is None else now.isoformat().encode(),
+    ]
+
+
+def release_values(op: ops.ReleaseOp) -> Values:
+    """`release`'s parameters, in the statement's order."""
+    claim, revision, now = op.claim, op.expected_revision, op.now
+    owner = claim.owner
+    return [
+        claim.resource_id.encode(),
+        owner.type.encode(),
+        owner.id.encode(),
+        str(claim.generation).encode(),
+        op.token_sha256,
+        None if revision is None else str(revision).encode(),
+        None if now is None else now.isoformat().encode(),
+    ]
 
 
 class NotSentError(Exception):
@@ -123,7 +162,7 @@ class FastPath:
         #: Pooler mode: the limits as SET LOCALs sent ahead of each call.
         self._local = limits.local_settings if pooler and limits is not None else None
 
-    def _bounded(self, conn: Any, name: bytes, values: list[Any]) -> bytes:
+    def _bounded(self, conn: Any, name: bytes, values: Values) -> bytes:
         """Pooler mode: the call with its limits, as one query string of literals
         (escaped by libpq for this connection; the binary token hash as hex)."""
         escaping = pq.Escaping(conn.pgconn)
@@ -165,18 +204,18 @@ class FastPath:
     ) -> None:
         check_result(conn, result, expected, self._limits)
 
-    def call(self, conn: psycopg.Connection[Any], name: bytes, args: list[Any]) -> list[bytes]:
-        """Run one prepared call and return its single row as raw text values."""
-        values = [_encode(a) for a in args]
+    def call(self, conn: psycopg.Connection[Any], name: bytes, values: Values) -> pq.abc.PGresult:
+        """Run one call (`values` from `claim_values` and its siblings); return its
+        result, whose one row holds the statement's columns as text."""
         formats = self._formats[name]
         if self._local is not None:
             result = self._exec_simple(conn, self._bounded(conn, name, values))
             self._check(conn, result, _TUPLES_OK)
-            return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+            return result
         if self.pooler:
             result = self._exec_unnamed(conn, self._texts[name], values, formats)
             self._check(conn, result, _TUPLES_OK)
-            return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+            return result
         result = self._exec(conn, name, values, formats)
         if result.status != _TUPLES_OK:
             if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
@@ -185,7 +224,7 @@ class FastPath:
                 self._prepare(conn)
                 result = self._exec(conn, name, values, formats)
             self._check(conn, result, _TUPLES_OK)
-        return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+        return result
 
     @staticmethod
     def _exec_simple(conn: psycopg.Connection[Any], text: bytes) -> pq.abc.PGresult:
@@ -259,10 +298,9 @@ class AsyncFastPath(FastPath):
             raise NotSentError(exc) from exc
 
     async def call_async(
-        self, conn: psycopg.AsyncConnection[Any], name: bytes, args: list[Any]
-    ) -> list[bytes]:
+        self, conn: psycopg.AsyncConnection[Any], name: bytes, values: Values
+    ) -> pq.abc.PGresult:
         """Asyncio twin of `FastPath.call`."""
-        values = [_encode(a) for a in args]
         formats = self._formats[name]
         result = await self._exec_async(conn, name, values, formats)
         if result.status != _TUPLES_OK:
@@ -273,7 +311,7 @@ class AsyncFastPath(FastPath):
                 await self._prepare_async(conn)
                 result = await self._exec_async(conn, name, values, formats)
             self._check(conn, result, _TUPLES_OK)
-        return [result.get_value(0, col) or b"" for col in range(result.nfields)]
+        return result
 
 
 async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGresult]:
@@ -296,11 +334,14 @@ async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGres
         results: list[pq.abc.PGresult] = await conn.wait(generators.execute(pgconn))
         return results
     results = []
+    watch = None
     try:
         while True:
             if pgconn.is_busy():
+                if watch is None:
+                    watch = _watch(conn)
                 try:
-                    await _watch(conn).readable(pgconn)
+                    await watch.complete()
                 except psycopg.DatabaseError:
                     # As psycopg: an error already read (a FATAL) is what the
                     # caller reports; the lost connection comes after it.
@@ -333,49 +374,51 @@ class _Watch:
 
     Adding and removing a reader costs about 6 us a call (the selector's Python
     bookkeeping and two epoll_ctl calls); kept registered, a call only sets the
-    future it waits on. The loop reports a readable socket on every turn until
-    it is read, so a report can be stale (read since by the woken call): each is
-    checked with a zero-timeout poll, else a stale one would wake the next call
-    for nothing (a loop turn a call). Readable with no call waiting means the
+    future it waits on. The loop's callback reads what arrived into libpq
+    itself (`consume_input`) and wakes the call only once a whole result is
+    there: read at once, the socket is not reported again on the next turn
+    (the loop polls before it runs the woken call), so no report is ever
+    stale and none needs a check. Readable with no call waiting means the
     server is hanging up (an idle store connection is sent nothing else): the
-    watch then ends, since the report would come again on every turn. Whoever
-    uses the connection otherwise (psycopg's own waits, the pool) must call
-    `unwatch` first: psycopg's wait replaces and then removes the reader.
+    watch then ends, since the report would come again on every turn, and
+    `alive` finds the connection dead before its next use. Whoever uses the
+    connection otherwise (psycopg's own waits, the pool) must call `unwatch`
+    first: psycopg's wait replaces and then removes the reader.
     """
 
-    __slots__ = ("conn", "fd", "loop", "poller", "waiter")
+    __slots__ = ("conn", "fd", "loop", "waiter")
 
     def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
         self.conn = conn
         self.loop = asyncio.get_running_loop()
         self.fd = conn.pgconn.socket
         self.waiter: asyncio.Future[None] | None = None
-        self.poller = select.poll()
-        self.poller.register(self.fd, select.POLLIN)
         self.loop.add_reader(self.fd, self._wake)
 
     def _wake(self) -> None:
-        try:
-            if not self.poller.poll(0):
-                return  # stale: the woken call has read it since
-        except OSError:
-            pass  # let the waiting call (or the next) meet the error in libpq
-        if self.waiter is None:
+        waiter = self.waiter
+        if waiter is None:
             unwatch(self.conn)
-        elif not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def readable(self, pgconn: pq.abc.PGconn) -> None:
-        """Read until libpq has a whole result (`pgconn.is_busy()` is false)."""
-        while True:
-            self.waiter = self.loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
+            return
+        if waiter.done():
+            return  # interrupted: its task unwatches and cancels the query
+        pgconn = self.conn.pgconn
+        try:
             pgconn.consume_input()
-            if not pgconn.is_busy():
-                return
+        except psycopg.Error as exc:  # the connection is lost: the call reports it
+            unwatch(self.conn)
+            waiter.set_exception(exc)
+            return
+        if not pgconn.is_busy():
+            waiter.set_result(None)
+
+    async def complete(self) -> None:
+        """Wait until libpq has a whole result (`pgconn.is_busy()` is false)."""
+        self.waiter = self.loop.create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
 
     def close(self) -> None:
         self.loop.remove_reader(self.fd)  # a no-op once the loop is closed

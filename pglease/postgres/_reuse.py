@@ -84,28 +84,35 @@ class ConnectionStack:
         Raises the pool's errors (PoolTimeout, PoolClosed), or OperationalError
         when every connection tried was dead; nothing was sent in either case.
         """
+        with self._lock:  # the common case: a kept connection, without a ticket
+            conn = self._idle.pop() if self._idle else None
         # Every dead one is dropped, so the stack and the pool run out of them;
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
-            ticket = object()
-            with self._lock:
-                kept = self._idle.pop() if self._idle else None
-                if kept is None:
-                    self._tickets.append(ticket)
-            if kept is not None:
-                conn = kept
-            else:
-                try:
-                    conn = self._pool.getconn()
-                finally:
-                    with self._lock:
-                        if ticket in self._tickets:  # not yet used by a `give_back`
-                            self._tickets.remove(ticket)
+            if conn is None:
+                conn = self._next()
             if alive(conn):
                 return conn
             discard(conn)
             self._pool.putconn(conn)
+            conn = None
         raise psycopg.OperationalError("every connection tried had been closed by the server")
+
+    def _next(self) -> psycopg.Connection[Any]:
+        """A kept connection, else one from the pool (waiting with a ticket)."""
+        ticket = object()
+        with self._lock:
+            kept = self._idle.pop() if self._idle else None
+            if kept is None:
+                self._tickets.append(ticket)
+        if kept is not None:
+            return kept
+        try:
+            return self._pool.getconn()
+        finally:
+            with self._lock:
+                if ticket in self._tickets:  # not yet used by a `give_back`
+                    self._tickets.remove(ticket)
 
     @contextmanager
     def borrow(self) -> Iterator[psycopg.Connection[Any]]:

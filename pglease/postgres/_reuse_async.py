@@ -87,30 +87,37 @@ class AsyncConnectionStack:
         Raises the pool's errors (PoolTimeout, PoolClosed), or OperationalError
         when every connection tried was dead; nothing was sent in either case.
         """
+        with self._lock:  # the common case: a kept connection, without a ticket
+            conn = self._idle.pop() if self._idle else None
         # Every dead one is dropped, so the stack and the pool run out of them;
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
-            ticket = object()
-            with self._lock:
-                kept = self._idle.pop() if self._idle else None
-                if kept is None:
-                    self._tickets.append(ticket)
-            if kept is not None:
-                conn = kept
-            else:
-                try:
-                    conn = await self._pool.getconn()
-                finally:
-                    with self._lock:
-                        if ticket in self._tickets:  # not yet used by a `give_back`
-                            self._tickets.remove(ticket)
+            if conn is None:
+                conn = await self._next()
             if alive(conn):
                 if not fast:  # sync: -
                     unwatch(conn)  # sync: -
                 return conn
             discard(conn)
             await self._pool.putconn(conn)
+            conn = None
         raise psycopg.OperationalError("every connection tried had been closed by the server")
+
+    async def _next(self) -> psycopg.AsyncConnection[Any]:
+        """A kept connection, else one from the pool (waiting with a ticket)."""
+        ticket = object()
+        with self._lock:
+            kept = self._idle.pop() if self._idle else None
+            if kept is None:
+                self._tickets.append(ticket)
+        if kept is not None:
+            return kept
+        try:
+            return await self._pool.getconn()
+        finally:
+            with self._lock:
+                if ticket in self._tickets:  # not yet used by a `give_back`
+                    self._tickets.remove(ticket)
 
     @asynccontextmanager
     async def borrow(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
