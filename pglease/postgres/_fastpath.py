@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import weakref
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -424,17 +423,19 @@ class _Watch:
         self.loop.remove_reader(self.fd)  # a no-op once the loop is closed
 
 
-#: The connections whose socket is registered: at most one `_Watch` each.
-_watches: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Watch] = (
-    weakref.WeakKeyDictionary()
-)
+#: The connections whose socket is registered: at most one `_Watch` each. A
+#: plain dict: a watch holds its connection anyway, so weak keys would never
+#: expire, and every path that lets a connection go calls `unwatch` first.
+_watches: dict[psycopg.AsyncConnection[Any], _Watch] = {}
 
 
 def _watch(conn: psycopg.AsyncConnection[Any]) -> _Watch:
     watch = _watches.get(conn)
-    if watch is not None and watch.loop is asyncio.get_running_loop():
+    # A connection outlives a loop only if the loop ended (closed): checking that
+    # is a flag read, where asking for the running loop costs a getpid() call.
+    if watch is not None and not watch.loop.is_closed():
         return watch
-    unwatch(conn)  # registered with another (an ended) loop, or not at all
+    unwatch(conn)  # registered with an ended loop, or not at all
     watch = _watches[conn] = _Watch(conn)
     return watch
 
