@@ -70,20 +70,6 @@ def claim_op(
     )
 
 
-def claim_row(op: ops.ClaimOp) -> list[Any]:
-    """A claim as the SQL function's arguments, in its order."""
-    owner = op.owner
-    return [
-        op.resource_id,
-        owner.type,
-        owner.id,
-        op.token_sha256,
-        op.ttl,
-        op.expected_revision,
-        op.now,
-    ]
-
-
 def check_claim(claim: Claim) -> Claim:
     if not isinstance(claim, Claim):
         raise ValidationError(f"expected a Claim, got {type(claim).__name__}")
