@@ -199,10 +199,12 @@ def test_filters_narrow_what_is_yielded_and_still_move_the_cursor(
 def test_a_slow_watcher_is_bounded_and_loses_nothing(backend: Backend) -> None:
     rids = [backend.store.ensure_resource("run", f"of{i}") for i in range(3)]
     with watcher(backend, max_pending=3) as slow, watcher(backend) as fast:
-        cycles(backend, rids, 30)
-        # Once the fast watcher has every event, the slow one was offered all
-        # of them too (PostgreSQL) or can read them (SQLite), taking none yet.
-        assert len(drain(fast, 60)) == 60
+        # One cycle at a time, each seen by the fast watcher before the next:
+        # the slow one is offered (PostgreSQL) or can read (SQLite) one batch
+        # per cycle, taking none yet, so it overflows whatever the timing.
+        for i in range(30):
+            cycles(backend, [rids[i % 3]], 1)
+            assert len(drain(fast, 2)) == 2
         got = drain(slow, 60)
         assert got == log_of(backend)
         assert slow.get(0.2) is None
@@ -218,8 +220,13 @@ def test_a_slow_watcher_is_bounded_and_loses_nothing(backend: Backend) -> None:
 def test_a_filtered_slow_watcher_keeps_its_filter(backend: Backend) -> None:
     rids = [backend.store.ensure_resource("run", f"ff{i}") for i in range(2)]
     with watcher(backend, max_pending=2, resources=rids[0]) as slow, watcher(backend) as fast:
-        cycles(backend, rids, 20)
-        assert len(drain(fast, 40)) == 40
+        # One cycle at a time, each seen by the fast watcher before the next is
+        # written, so the slow one is handed one batch per cycle of rids[0] and
+        # the second overflows its bound. (A batch into an empty mailbox is
+        # never dropped: the 40 events read as one page would not overflow it.)
+        for i in range(20):
+            cycles(backend, [rids[i % 2]], 1)
+            assert len(drain(fast, 2)) == 2
         got = drain(slow, 20)
         assert slow.overflows >= 1
         assert got == [e for e in log_of(backend) if e.resource_id == rids[0]]
