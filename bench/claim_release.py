@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -243,6 +243,27 @@ def run_sync(
         return _measure_threads(clients, warmup, seconds, loop)
 
 
+async def _measure_tasks(
+    clients: int,
+    warmup: float,
+    seconds: float,
+    loop: Callable[[int], Awaitable[None]],
+    counters: list[list[int]],
+    stop: asyncio.Event,
+) -> Figure:
+    """Run `loop(i)` as `clients` tasks; count their cycles after `warmup` for `seconds`."""
+    tasks = [asyncio.create_task(loop(i)) for i in range(clients)]
+    await asyncio.sleep(warmup)
+    c0, r0 = sum(c[0] for c in counters), sum(c[1] for c in counters)
+    t0, p0, h0 = time.perf_counter(), time.process_time(), host_busy_seconds()
+    await asyncio.sleep(seconds)
+    c1, r1 = sum(c[0] for c in counters), sum(c[1] for c in counters)
+    t1, p1, h1 = time.perf_counter(), time.process_time(), host_busy_seconds()
+    stop.set()
+    await asyncio.gather(*tasks)
+    return Figure(c1 - c0, r1 - r0, t1 - t0, p1 - p0, h1 - h0)
+
+
 def run_async(
     dsn: str, schema: str, ids: list[str], clients: int, ttl: float, warmup: float, seconds: float
 ) -> Figure:
@@ -268,16 +289,7 @@ def run_async(
                         await store.release(c)
                     counter[0] += 1
 
-            tasks = [asyncio.create_task(loop(i)) for i in range(clients)]
-            await asyncio.sleep(warmup)
-            c0, r0 = sum(c[0] for c in counters), sum(c[1] for c in counters)
-            t0, p0, h0 = time.perf_counter(), time.process_time(), host_busy_seconds()
-            await asyncio.sleep(seconds)
-            c1, r1 = sum(c[0] for c in counters), sum(c[1] for c in counters)
-            t1, p1, h1 = time.perf_counter(), time.process_time(), host_busy_seconds()
-            stop.set()
-            await asyncio.gather(*tasks)
-            return Figure(c1 - c0, r1 - r0, t1 - t0, p1 - p0, h1 - h0)
+            return await _measure_tasks(clients, warmup, seconds, loop, counters, stop)
 
     return asyncio.run(main())
 
@@ -413,16 +425,7 @@ def run_apq(
                         counter[1] += 1
                     counter[0] += 1
 
-            tasks = [asyncio.create_task(loop(i)) for i in range(clients)]
-            await asyncio.sleep(warmup)
-            c0, r0 = sum(c[0] for c in counters), sum(c[1] for c in counters)
-            t0, p0, h0 = time.perf_counter(), time.process_time(), host_busy_seconds()
-            await asyncio.sleep(seconds)
-            c1, r1 = sum(c[0] for c in counters), sum(c[1] for c in counters)
-            t1, p1, h1 = time.perf_counter(), time.process_time(), host_busy_seconds()
-            stop.set()
-            await asyncio.gather(*tasks)
-            return Figure(c1 - c0, r1 - r0, t1 - t0, p1 - p0, h1 - h0)
+            return await _measure_tasks(clients, warmup, seconds, loop, counters, stop)
         finally:
             for conn in conns:
                 unwatch(conn)

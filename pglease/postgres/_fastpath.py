@@ -44,6 +44,7 @@ from psycopg import generators, pq
 from psycopg.errors import error_from_result
 
 from ..driver import ops
+from ..types import Claim
 from . import _core
 
 CLAIM = b"pglease_claim"
@@ -74,49 +75,51 @@ Values = list[bytes | None]
 # The parameters are built straight from the checked operation: a generic
 # per-value encoder (`_encode`) costs a call and a type dispatch per value, and
 # this runs twice in every claim/release cycle.
+def _optional(revision: int | None, now: datetime | None) -> Values:
+    """The two optional trailing parameters every call takes."""
+    return [
+        None if revision is None else str(revision).encode(),
+        None if now is None else now.isoformat().encode(),
+    ]
+
+
+def _lease(claim: Claim, token_sha256: bytes) -> Values:
+    """The lease a renew or release names: its first five parameters."""
+    owner = claim.owner
+    return [
+        claim.resource_id.encode(),
+        owner.type.encode(),
+        owner.id.encode(),
+        str(claim.generation).encode(),
+        token_sha256,
+    ]
+
+
 def claim_values(op: ops.ClaimOp) -> Values:
     """`claim`'s parameters, in the statement's order."""
-    owner, revision, now = op.owner, op.expected_revision, op.now
-    return [
+    owner = op.owner
+    head: Values = [
         op.resource_id.encode(),
         owner.type.encode(),
         owner.id.encode(),
         op.token_sha256,
         repr(op.ttl).encode(),
-        None if revision is None else str(revision).encode(),
-        None if now is None else now.isoformat().encode(),
     ]
+    return head + _optional(op.expected_revision, op.now)
 
 
 def renew_values(op: ops.RenewOp) -> Values:
     """`renew`'s parameters, in the statement's order."""
-    claim, revision, now = op.claim, op.expected_revision, op.now
-    owner = claim.owner
     return [
-        claim.resource_id.encode(),
-        owner.type.encode(),
-        owner.id.encode(),
-        str(claim.generation).encode(),
-        op.token_sha256,
+        *_lease(op.claim, op.token_sha256),
         repr(op.ttl).encode(),
-        None if revision is None else str(revision).encode(),
-        None if now is None else now.isoformat().encode(),
+        *_optional(op.expected_revision, op.now),
     ]
 
 
 def release_values(op: ops.ReleaseOp) -> Values:
     """`release`'s parameters, in the statement's order."""
-    claim, revision, now = op.claim, op.expected_revision, op.now
-    owner = claim.owner
-    return [
-        claim.resource_id.encode(),
-        owner.type.encode(),
-        owner.id.encode(),
-        str(claim.generation).encode(),
-        op.token_sha256,
-        None if revision is None else str(revision).encode(),
-        None if now is None else now.isoformat().encode(),
-    ]
+    return _lease(op.claim, op.token_sha256) + _optional(op.expected_revision, op.now)
 
 
 class NotSentError(Exception):
