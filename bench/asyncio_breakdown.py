@@ -84,7 +84,8 @@ async def run_floor(
     """The floor; with `calls`, plus the store's per-call Python around each round trip."""
     fast = FastPath(schema)
     owner = Owner(OWNER_TYPE, OWNER_ID)
-    fixed_token = b"\x00" * 32
+    token = b"\x00" * 32  # the floor's fixed token hash
+    who = [OWNER_TYPE.encode(), OWNER_ID.encode()]
     conns = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(clients)]
     try:
         for conn in conns:
@@ -100,7 +101,7 @@ async def run_floor(
                     op = _common.claim_op(rid, owner, 30.0, None, None)
                     values: list[Any] = claim_values(op)
                 else:
-                    values = [rid.encode(), b"bench", b"client", fixed_token, b"30.0", None, None]
+                    values = [rid.encode(), *who, token, b"30.0", None, None]
                 pg.send_query_prepared(CLAIM, values, CLAIM_FORMATS)
                 res = (await results_async(conn))[-1]
                 if res.get_value(0, 0) == b"t":
@@ -116,8 +117,7 @@ async def run_floor(
                         )
                         values = release_values(_common.release_op(claim, None, None))
                     else:
-                        values = [rid.encode(), b"bench", b"client", generation, fixed_token]
-                        values += [None, None]
+                        values = [rid.encode(), *who, generation, token, None, None]
                     pg.send_query_prepared(RELEASE, values, RELEASE_FORMATS)
                     await results_async(conn)
                 counts[i] += 1
