@@ -175,7 +175,8 @@ def test_new_session_layout(repo: SessionRepository, clock: Clock) -> None:
         assert lease == [(session.owner_id, 1, clock.now + 30_000)]
         conn.close()
     conn = raw(repo.path_for("new"))
-    assert conn.execute("SELECT count(*) FROM writer_lease").fetchone()[0] == 0  # released
+    # Released: no holder, long expired, the fence kept for the next claim.
+    assert conn.execute("SELECT * FROM writer_lease").fetchall() == [("", 1, 0)]
     conn.close()
 
 
@@ -541,12 +542,12 @@ def test_lease_claim_takeover_and_loss(tmp_path: Path, clock: Clock) -> None:
     second.append_message("a", msg("b"))
     assert [e.seq for e in second.scan_entries()] == [3, 4]
     second.close()
-    assert conn.execute("SELECT count(*) FROM writer_lease").fetchone()[0] == 0
+    assert conn.execute("SELECT owner_id, fence FROM writer_lease").fetchall() == [("", 2)]
     conn.close()
     with pytest.raises(SessionClosedError):
         second.append_message(None, msg("closed"))
     third = second_repo.open("L")
-    assert third.fence == 1  # no row after a release: the next claim inserts fence 1
+    assert third.fence == 3  # a release keeps the fence: the next claim takes the next one
     third.close()
 
 
@@ -650,7 +651,8 @@ def test_open_checks(repo: SessionRepository) -> None:
     conn.execute("DELETE FROM session")
     with pytest.raises(SessionCorruptError, match="exactly one session row"):
         repo.open("v")
-    assert conn.execute("SELECT count(*) FROM writer_lease").fetchone()[0] == 0  # not claimed
+    # not claimed: still the row its create's close released
+    assert conn.execute("SELECT * FROM writer_lease").fetchall() == [("", 1, 0)]
     conn.close()
 
 

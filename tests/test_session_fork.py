@@ -153,9 +153,10 @@ def test_branch_fork_of_main_leaf(repo: SessionRepository) -> None:
         ),
         ("lane.leaf", "main", 8, quote("b")),
         ("lane.state", "main", 9, IDLE),
+        # facts in the source's seq order (k1 was set before k0)
         ("fact.name", "", 10, quote("My session")),
-        ("fact.custom", "k0", 11, '{"z":null}'),
-        ("fact.custom", "k1", 12, "[1,2]"),
+        ("fact.custom", "k1", 11, "[1,2]"),
+        ("fact.custom", "k0", 12, '{"z":null}'),
         ("fact.label", "a", 13, quote("label a")),
     ]
     _created_at, parent, version, metadata, count, usage, next_seq = session_row(path)
@@ -199,8 +200,8 @@ def test_branch_fork_at_entry_and_before(repo: SessionRepository) -> None:
             ("lane.leaf", "main", 2),
             ("lane.state", "main", 3),
             ("fact.name", "", 4),
-            ("fact.custom", "k0", 5),
-            ("fact.custom", "k1", 6),
+            ("fact.custom", "k1", 5),
+            ("fact.custom", "k0", 6),
         ]
         assert regs[1][3] == "null"
         stats = fork.stats()

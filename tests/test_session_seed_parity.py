@@ -24,6 +24,7 @@ from pglease import InvalidOwnerError, InvalidPayloadError, Owner, Permit, Postg
 from pglease.json_text import dumps, js_number
 from pglease.payloads import canonical_json, canonical_payload
 from pglease.sessions import (
+    AppendEntry,
     InvalidSessionIdError,
     InvalidSessionWriteError,
     PostgresSessionRepository,
@@ -36,6 +37,7 @@ from pglease.sessions import (
     plan_fork,
     read_session_file,
 )
+from pglease.sessions.fork import ForkScope
 from pglease.sessions.model import dump_json
 from pglease.sessions.repository import MAX_SESSION_ID_BYTES, STALE_TEMP_MS, temp_name
 
@@ -375,29 +377,87 @@ def test_tree_fork_numbers_registers_in_source_seq_order(repo: SessionRepository
     with repo.fork("src", scope="tree", id="t") as fork:
         path = fork.path
     # entries r(3), a(4); then lanes by when their leaf was last written (side
-    # before main), then each fact group in the source's seq order.
+    # before main), then the facts in one pass in the source's seq order (the
+    # name was set last).
     assert _register_order(path) == [
         ("lane.config", "side", 5),
         ("lane.leaf", "side", 6),
         ("lane.state", "side", 7),
         ("lane.leaf", "main", 8),
         ("lane.state", "main", 9),
-        ("fact.name", "", 10),
-        ("fact.custom", "zeta", 11),
-        ("fact.custom", "alpha", 12),
-        ("fact.label", "r", 13),
-        ("fact.label", "a", 14),
+        ("fact.custom", "zeta", 10),
+        ("fact.custom", "alpha", 11),
+        ("fact.label", "r", 12),
+        ("fact.label", "a", 13),
+        ("fact.name", "", 14),
     ]
-    # A branch fork keeps key order for facts (the seed's branch fork does).
+    # A branch fork numbers its facts in the source's seq order too.
     with repo.fork("src", id="b") as fork:
         path = fork.path
     assert [r[:2] for r in _register_order(path) if r[0].startswith("fact.")] == [
-        ("fact.name", ""),
-        ("fact.custom", "alpha"),
         ("fact.custom", "zeta"),
-        ("fact.label", "a"),
+        ("fact.custom", "alpha"),
         ("fact.label", "r"),
+        ("fact.label", "a"),
+        ("fact.name", ""),
     ]
+
+
+def _facts_source(session: Any) -> None:
+    """Entry r (seq 3) with the main leaf on it (4), then, one commit each,
+    `fact.label r` (5), `fact.custom k` (6), `fact.name` (7)."""
+    session.commit(
+        [
+            AppendEntry("message", None, {"message": msg("r")}, id="r"),
+            SetRegister("lane.leaf", "main", "r"),
+        ]
+    )
+    session.commit([SetRegister("fact.label", "r", "root")])
+    session.commit([SetRegister("fact.custom", "k", 1)])
+    session.commit([SetRegister("fact.name", "", "N")])
+
+
+#: The fork of `_facts_source` (either scope): r (3), main's leaf (4) and
+#: state (5), then the facts in one pass in source order, as the harness copies them.
+FACTS_FORK = [
+    ("lane.leaf", "main", 4),
+    ("lane.state", "main", 5),
+    ("fact.label", "r", 6),
+    ("fact.custom", "k", 7),
+    ("fact.name", "", 8),
+]
+
+
+def _handle_registers(handle: Any) -> list[tuple[str, str, int]]:
+    regs = handle.snapshot().registers
+    return sorted(((r.namespace, r.key, r.seq) for r in regs), key=lambda r: r[2])
+
+
+@pytest.mark.parametrize("scope", ["branch", "tree"])
+def test_fork_numbers_facts_in_one_pass_in_source_order(
+    repo: SessionRepository, pg_repo: PostgresSessionRepository, scope: ForkScope, tmp_path: Path
+) -> None:
+    with repo.create("fsrc") as s:
+        _facts_source(s)
+    with pg_repo.create("pg-fsrc") as s:
+        _facts_source(s)
+    # file -> file
+    with repo.fork("fsrc", scope=scope, id=f"f-{scope}") as fork:
+        assert _handle_registers(fork) == FACTS_FORK
+    # a plan from a snapshot (what a one-connection PostgreSQL pool forks by)
+    plan = plan_fork(repo.snapshot("fsrc"), "fsrc", scope)
+    assert [(r.namespace, r.key, r.seq) for r in plan.registers] == FACTS_FORK
+    with repo.create_from_plan(plan, id=f"p-{scope}") as fork:
+        assert _handle_registers(fork) == FACTS_FORK
+    # PostgreSQL -> PostgreSQL (streamed)
+    with pg_repo.fork("pg-fsrc", scope=scope, id=f"pg-f-{scope}") as fork:
+        assert _handle_registers(fork) == FACTS_FORK
+    # PostgreSQL -> file
+    path = pg_repo.fork_to_file("pg-fsrc", tmp_path / "out", scope, id=f"out-{scope}")
+    assert _register_order(path) == FACTS_FORK
+    # file -> PostgreSQL (an import is a tree fork)
+    with pg_repo.import_file(repo.path_for("fsrc"), id=f"pg-imp-{scope}") as fork:
+        assert _handle_registers(fork) == FACTS_FORK
 
 
 def test_the_same_plan_for_every_backend(repo: SessionRepository) -> None:

@@ -6,7 +6,7 @@ clock (the repository's `now_ms`), as `SqliteSession.renew` judges it:
 
 * 'renewed': the lease row still names this handle's owner and fence and has
   not run out; its expiry moves to now + the lease length;
-* 'lost': another writer took it over, or it was released (no row);
+* 'lost': another writer took it over, or it was released;
 * 'expired': still ours in the file, but it ran out before the beat came;
 * 'busy': the handle is using its connection right now (a commit, which
   renews in its own transaction) or the file stayed locked past its
@@ -32,7 +32,7 @@ from ..driver.protocol import HeartbeatStatus
 from ..types import Claim, Owner
 from ._file_db import transaction
 from ._file_ops import SessionFile
-from ._file_rows import read_lease
+from ._file_rows import read_lease, release_lease
 from .errors import SessionError, SessionFileBusyError, WriterLeaseLostError
 
 log = logging.getLogger("pglease.sessions")
@@ -137,7 +137,7 @@ class FileLeases:
 
     def release(self, claim: Claim) -> None:
         """Give back a lease the keeper gave up on (its trust window closed):
-        delete the row if it is still this owner's and fence's."""
+        release the row if it is still this owner's and fence's (its fence kept)."""
         file = self._current(claim)
         if file is None:
             raise WriterLeaseLostError(f"session {claim.resource_id}: the handle is gone")
@@ -145,11 +145,8 @@ class FileLeases:
             if file.closed:
                 raise WriterLeaseLostError(f"session {file.id}: the handle is closed")
             with file.io(), transaction(file.conn):
-                cur = file.conn.execute(
-                    "DELETE FROM writer_lease WHERE owner_id = ? AND fence = ?",
-                    (file.owner_id, file.fence),
-                )
-            if cur.rowcount != 1:
+                released = release_lease(file.conn, file.owner_id, file.fence)
+            if not released:
                 raise WriterLeaseLostError(f"session {file.id}: the lease is no longer this one")
 
     def abort(self) -> None:

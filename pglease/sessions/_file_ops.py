@@ -25,6 +25,7 @@ from ._file_rows import (
     insert_entry,
     read_session_row,
     read_snapshot,
+    release_lease,
 )
 from .branch_index import BranchQuery, BranchRow
 from .branch_index import scan_branch as _scan_branch
@@ -156,10 +157,7 @@ class SessionFile:
             try:
                 if not self.lost.is_set():
                     with transaction(self.conn):
-                        self.conn.execute(
-                            "DELETE FROM writer_lease WHERE owner_id = ? AND fence = ?",
-                            (self.owner_id, self.fence),
-                        )
+                        release_lease(self.conn, self.owner_id, self.fence)
             except (sqlite3.Error, PgleaseError) as exc:
                 # Never raised from close(): the lease runs out on its own.
                 log.warning("session %s: releasing the lease failed: %s", self.id, exc)

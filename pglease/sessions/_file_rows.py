@@ -53,7 +53,18 @@ def read_session_row(conn: sqlite3.Connection, path: Path) -> tuple[Any, ...]:
     return tuple(row)
 
 
-def read_lease(conn: sqlite3.Connection) -> LeaseInfo | None:
+#: The `owner_id` of a released lease row: no holder. A release keeps the row
+#: (and its fence) so that the next claim takes generation fence + 1, as a
+#: takeover of an expired lease does; the harness's claim reads such a row as
+#: an expired lease of another owner and does the same.
+RELEASED_OWNER = ""
+
+#: The `expires_at_ms` of a released lease row: long past, by any clock.
+RELEASED_EXPIRES_MS = 0
+
+
+def read_lease_row(conn: sqlite3.Connection) -> LeaseInfo | None:
+    """The writer_lease row as it is, a released one included (None: no row)."""
     rows = conn.execute(
         "SELECT owner_id, fence, expires_at_ms FROM writer_lease LIMIT 2"
     ).fetchall()
@@ -65,11 +76,36 @@ def read_lease(conn: sqlite3.Connection) -> LeaseInfo | None:
     return LeaseInfo(str(owner), int(fence), int(expires))
 
 
+def read_lease(conn: sqlite3.Connection) -> LeaseInfo | None:
+    """The file's writer lease (live or run out), or None when nobody claimed
+    it since it was released, or ever."""
+    lease = read_lease_row(conn)
+    if lease is None or lease.owner_id == RELEASED_OWNER:
+        return None
+    return lease
+
+
+def release_lease(conn: sqlite3.Connection, owner_id: str, fence: int) -> bool:
+    """Release the lease inside the caller's write transaction if `owner_id`
+    still holds it at `fence` (a stale owner cannot release its successor's).
+    The row stays, holder cleared, fence kept: generations never go back.
+    False when the lease was no longer this one."""
+    cur = conn.execute(
+        "UPDATE writer_lease SET owner_id = ?, expires_at_ms = ? WHERE owner_id = ? AND fence = ?",
+        (RELEASED_OWNER, RELEASED_EXPIRES_MS, owner_id, fence),
+    )
+    return cur.rowcount == 1
+
+
 def claim_lease(
     conn: sqlite3.Connection, session_id: str, owner_id: str, now: int, lease_ms: int
 ) -> int:
-    """Claim the writer lease inside the caller's write transaction; return the fence."""
-    lease = read_lease(conn)
+    """Claim the writer lease inside the caller's write transaction; return the fence.
+
+    No row: fence 1. A live lease of another owner: refused. Otherwise (run
+    out, or released) taken over with fence + 1, so a fence is never handed
+    out twice for a session while its row lasts."""
+    lease = read_lease_row(conn)
     expires = now + lease_ms
     if lease is None:
         conn.execute(
@@ -77,7 +113,8 @@ def claim_lease(
             (owner_id, expires),
         )
         return 1
-    if lease.owner_id != owner_id and lease.expires_at_ms > now:
+    released = lease.owner_id == RELEASED_OWNER
+    if not released and lease.owner_id != owner_id and lease.expires_at_ms > now:
         raise SessionAlreadyClaimedError(
             f"session {session_id} is already claimed by writer {lease.owner_id} "
             f"(fence {lease.fence}, expires in {lease.expires_at_ms - now} ms)"

@@ -120,6 +120,9 @@ class SqliteSession(ConvenienceWrites):
 
     @property
     def fence(self) -> int:
+        """The writer lease's fencing generation: every claim of the session
+        (after a close, a crash or an expiry takeover) gets a higher one, and it
+        never goes back, so it can fence writes downstream."""
         return self._file.fence
 
     @property

@@ -124,6 +124,9 @@ class AsyncSqliteSession(AsyncConvenienceWrites):
 
     @property
     def fence(self) -> int:
+        """The writer lease's fencing generation: every claim of the session
+        (after a close, a crash or an expiry takeover) gets a higher one, and it
+        never goes back, so it can fence writes downstream."""
         return self._file.fence
 
     @property

@@ -24,6 +24,9 @@ from .schema import IDLE_LANE_STATE_JSON, MAIN_LANE
 ForkScope: TypeAlias = Literal["branch", "tree"]
 ForkPosition: TypeAlias = Literal["at", "before"]
 
+#: The register namespaces a fork copies as facts (labels only for copied entries).
+FACT_NAMESPACES = frozenset({"fact.name", "fact.custom", "fact.label"})
+
 
 @dataclass(frozen=True, slots=True)
 class ForkPlan:
@@ -116,13 +119,13 @@ def plan_registers(
     lanes: Sequence[tuple[str, str | None]],
     last_entry_seq: int,
     copied_ids: Collection[str],
-    scope: ForkScope = "branch",
 ) -> tuple[tuple[Register, ...], int]:
     """The registers of a fork and its next_seq: fresh seqs from
     `max(last_entry_seq, 0) + 1`; per lane config (if any), leaf, idle state;
-    then `fact.name`, `fact.custom`, and `fact.label` of copied entries only.
-    A tree fork keeps the source's seq order within each fact namespace (the
-    harness copies its registers in seq order); a branch fork, key order."""
+    then the facts (`fact.name`, `fact.custom`, and `fact.label` of copied
+    entries only) in one pass in the source's seq order, whatever their
+    namespace, in both scopes: the harness copies them that way, so a label set
+    before the name is numbered before it."""
     regs = {(r.namespace, r.key): r for r in source}
     seq = max(last_entry_seq, 0)
     out: list[Register] = []
@@ -138,12 +141,15 @@ def plan_registers(
             put("lane.config", lane, config.value_json)
         put("lane.leaf", lane, dump_json(lane_leaf))
         put("lane.state", lane, IDLE_LANE_STATE_JSON)
-    order = (lambda r: r.seq) if scope == "tree" else (lambda r: r.key)
-    for namespace in ("fact.name", "fact.custom", "fact.label"):
-        for register in sorted((r for r in source if r.namespace == namespace), key=order):
-            if namespace == "fact.label" and register.key not in copied_ids:
-                continue
-            put(namespace, register.key, register.value_json)
+    facts = [
+        r
+        for r in source
+        if r.namespace in FACT_NAMESPACES and (r.namespace != "fact.label" or r.key in copied_ids)
+    ]
+    # Seqs are unique within a session; namespace and key only make a
+    # damaged source's order deterministic.
+    for register in sorted(facts, key=lambda r: (r.seq, r.namespace, r.key)):
+        put(register.namespace, register.key, register.value_json)
     return tuple(out), seq + 1
 
 
@@ -198,7 +204,7 @@ def plan_fork(
 
     copied_ids = {e.id for e in copied}
     out, next_seq = plan_registers(
-        snapshot.registers, lanes, max((e.seq for e in copied), default=0), copied_ids, scope
+        snapshot.registers, lanes, max((e.seq for e in copied), default=0), copied_ids
     )
     return ForkPlan(
         entries=tuple(copied),
@@ -307,9 +313,7 @@ class ForkStream:
     def registers(
         self, last_entry_seq: int, copied_ids: Collection[str]
     ) -> tuple[tuple[Register, ...], int]:
-        return plan_registers(
-            self.source_registers, self.lanes, last_entry_seq, copied_ids, self.scope
-        )
+        return plan_registers(self.source_registers, self.lanes, last_entry_seq, copied_ids)
 
     def close(self) -> None:
         """Stop reading the source (a generator's cursor is closed now, not by GC)."""

@@ -25,8 +25,10 @@ from ._file_rows import (
     entry_from_row,
     insert_entry,
     read_lease,
+    read_lease_row,
     read_session_row,
     read_snapshot,
+    release_lease,
 )
 from ._file_stream import STREAM_FETCH, FileForkSource, file_fork_source, write_stream_rows
 from ._handle import SqliteSession
@@ -47,8 +49,10 @@ __all__ = [
     "insert_entry",
     "mapped",
     "read_lease",
+    "read_lease_row",
     "read_session_row",
     "read_snapshot",
+    "release_lease",
     "session_file_error",
     "transaction",
     "wall_clock_ms",
