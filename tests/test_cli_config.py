@@ -95,7 +95,7 @@ def test_the_library_refuses_to_guess_from_a_misspelt_environment(
     monkeypatch.delenv("PGLEASE_DSN", raising=False)
     monkeypatch.setenv("PGLEASE_EMBEDDED_DIR", str(tmp_path / "never"))
     monkeypatch.setenv("PGLEASE_DNS", "host=db")
-    with pytest.raises(ValidationError, match="PGLEASE_DNS .did you mean PGLEASE_DSN"):
+    with pytest.raises(ValidationError, match=r"PGLEASE_DNS \(did you mean PGLEASE_DSN\?\)"):
         dsn.resolve_dsn_source()
     assert not (tmp_path / "never").exists()  # no embedded server started
     # An explicit DSN does not consult the environment.

@@ -90,7 +90,6 @@ def test_a_misspelt_dsn_variable_starts_no_embedded_server(
         result = pglease_run(*args, env=env)
         assert result.returncode == 2, result.stderr
         assert result.stderr == (
-            "pglease: error: unknown environment variable PGLEASE_DNS"
-            " (did you mean PGLEASE_DSN?)\n"
+            "pglease: error: unknown environment variable PGLEASE_DNS (did you mean PGLEASE_DSN?)\n"
         )
     assert not Path(private_env["PGLEASE_EMBEDDED_DIR"]).exists()  # nothing started

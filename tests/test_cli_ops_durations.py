@@ -162,7 +162,8 @@ def test_prune_below_the_one_day_floor_needs_force_even_with_no_lease_held(
         refused = run(pg_dsn, schema, "prune", "--older-than", age)
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr == (
-            f"pglease: error: --older-than {age} is below the floor of 1d (the minimum retention); pass --force to prune anyway\n"
+            f"pglease: error: --older-than {age} is below the floor of 1d (the minimum"
+            " retention); pass --force to prune anyway\n"
         )
         assert _events(pg_dsn, schema) == 4  # nothing deleted
     assert run(pg_dsn, schema, "prune", "--older-than", "1d").returncode == 0

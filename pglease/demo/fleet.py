@@ -292,16 +292,22 @@ def next_steps(report: DemoReport) -> list[str]:
     base = report.schema.removesuffix("_demo")
     flag = "" if base == "pglease" else f" --schema {base}"
     steps = [
-        f"  pglease --schema {report.schema} ls"
-        "                        the demo's resources: holder, generation, revision",
-        f"  pglease --schema {report.schema} events controller demo-0"
-        "   one resource's history: claims, takeovers, fenced writes",
-        f"  pglease{flag} migrate"
-        f"                                       set up schema {base} (only migrate creates one)",
-        f"  pglease{flag} elect scheduler --owner host:$(hostname) --ttl 10"
-        "   then lead an election in it until Ctrl-C",
+        (
+            f"pglease --schema {report.schema} ls",
+            "the demo's resources: holder, generation, revision",
+        ),
+        (
+            f"pglease --schema {report.schema} events controller demo-0",
+            "one resource's history: claims, takeovers, fenced writes",
+        ),
+        (f"pglease{flag} migrate", f"set up schema {base} (only migrate creates one)"),
+        (
+            f"pglease{flag} elect scheduler --owner host:$(hostname) --ttl 10",
+            "then lead an election in it until Ctrl-C",
+        ),
     ]
-    return steps
+    width = max(len(command) for command, _ in steps)
+    return [f"  {command:<{width}}   {what}" for command, what in steps]
 
 
 def print_report(report: DemoReport, out: Any = sys.stdout) -> None:
