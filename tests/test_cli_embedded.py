@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from .test_cli_elect import pglease_run
@@ -93,3 +94,25 @@ def test_a_misspelt_dsn_variable_starts_no_embedded_server(
             "pglease: error: unknown environment variable PGLEASE_DNS (did you mean PGLEASE_DSN?)\n"
         )
     assert not Path(private_env["PGLEASE_EMBEDDED_DIR"]).exists()  # nothing started
+
+
+def test_a_write_to_the_embedded_server_needs_a_migrated_schema_too(
+    private_env: dict[str, str],
+) -> None:
+    # A host that lost its PGLEASE_DSN: the embedded server starts, but the
+    # claim is refused, and the error says which server it looked at.
+    result = pglease_run(
+        "claim", "run", "r1", "--owner", "host:a", "--ttl", "30", env=private_env, timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    notice, error = result.stderr.splitlines()
+    assert notice.startswith("pglease: no --dsn, PGLEASE_DSN or PGHOST/PGSERVICE set: using")
+    assert error == (
+        "pglease: error: schema 'pglease' does not exist on the embedded PostgreSQL (set"
+        " PGLEASE_DSN for your server); run `pglease --schema pglease migrate` to set it up"
+        " (only migrate creates a schema)"
+    )
+    status = json.loads(pglease_run("--json", "embedded", "status", env=private_env).stdout)
+    with psycopg.connect(status["dsn"]) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'pglease'")
+        assert row.fetchone() == (0,)

@@ -72,21 +72,24 @@ _SCHEMA_STATE = (
 )
 
 
-def require_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+def require_schema(conn: psycopg.Connection[Any], schema: str, *, embedded: bool = False) -> None:
     """Refuse (`ConfigurationError`) a schema `pglease migrate` never set up.
 
     Only ``migrate`` creates a schema: a command that writes to a typo'd
     --schema would otherwise start a second, empty lease table and grant
-    generation 1 to whoever asks, excluding nobody.
+    generation 1 to whoever asks, excluding nobody. `embedded`: the
+    connection is the embedded server's, which the message says too (a
+    host that lost its PGLEASE_DSN must not be told to migrate a private copy).
     """
     row = conn.execute(_SCHEMA_STATE, {"s": check_schema_name(schema)}).fetchone()
     exists, migrated = (bool(v) for v in row) if row is not None else (False, False)
     if migrated:
         return
     what = "holds no pglease tables" if exists else "does not exist"
+    where = " on the embedded PostgreSQL (set PGLEASE_DSN for your server)" if embedded else ""
     raise ConfigurationError(
-        f"schema {schema!r} {what}; run `pglease --schema {schema} migrate` to set it up"
-        " (only migrate creates a schema)"
+        f"schema {schema!r} {what}{where}; run `pglease --schema {schema} migrate` to set it"
+        " up (only migrate creates a schema)"
     )
 
 
@@ -102,7 +105,7 @@ def open_store(args: argparse.Namespace, *, read_only: bool = False) -> Postgres
         resolve_connection(args)
     if not read_only:
         with connect_direct(args) as conn:
-            require_schema(conn, args.schema)
+            require_schema(conn, args.schema, embedded=args.dsn_source == "embedded")
     migrate = not read_only and not getattr(args, "no_migrate", False)
     # Without migrating, the store checks the migration state itself and
     # raises MigrationError (naming the command to run) for a schema that
