@@ -2,22 +2,54 @@
 
 Order: an explicit DSN, else ``PGLEASE_DSN``, else the standard libpq
 environment (``PGHOST``, ``PGPORT``, ``PGSERVICE``, ...; libpq reads it itself,
-so the DSN is ""), else the embedded server.
+so the DSN is ""), else the embedded server. Before the environment decides,
+every ``PGLEASE_*`` variable set must be one pglease knows (`check_environment`):
+a misspelt ``PGLEASE_DSN`` is an error, never a quiet fall-back to the
+embedded server.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+from collections.abc import Mapping
 from typing import Literal
 from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from .errors import InvalidDsnError
+from .errors import ConfigurationError, InvalidDsnError
 
 ENV_DSN = "PGLEASE_DSN"
+
+#: The ``PGLEASE_*`` environment variables pglease reads or sets.
+USER_ENV: Mapping[str, str] = {
+    "PGLEASE_DSN": "the server to connect to",
+    "PGLEASE_SCHEMA": "the CLI's default --schema",
+    "PGLEASE_POOLER": "transaction: pooler mode",
+    "PGLEASE_TOKEN": "the CLI's lease token",
+    "PGLEASE_EMBEDDED_DIR": "the embedded server's data directory",
+    # Set by `pglease hold` and `pglease elect` for the command they run,
+    # which may run pglease itself.
+    "PGLEASE_FENCE": "set for a held command: the generation",
+    "PGLEASE_RESOURCE_ID": "set for a held command",
+    "PGLEASE_OWNER": "set for a held command",
+    "PGLEASE_TTL": "set for a held command",
+}
+#: The test suite's and the benchmarks' own (tests run the CLI with them set).
+DEV_ENV: Mapping[str, str] = {
+    "PGLEASE_TEST_DSN": "tests: an existing server",
+    "PGLEASE_TEST_POSTGRES": "tests: docker for a testcontainers server",
+    "PGLEASE_PG15_BIN": "tests: PostgreSQL 15 binaries",
+    "PGLEASE_BENCH_CODE": "benchmarks: the code under test",
+}
+#: Every ``PGLEASE_*`` name `check_environment` accepts; a new variable goes
+#: in one of the two maps above (tests/test_cli_config.py finds any left out).
+KNOWN_ENV = frozenset(USER_ENV) | frozenset(DEV_ENV)
+
+_ENV_PREFIX = "PGLEASE_"
 
 #: libpq variables that name a server; any of them set means "libpq decides".
 LIBPQ_ENV = (
@@ -250,10 +282,42 @@ def libpq_env_set() -> bool:
     return any(os.environ.get(name) for name in LIBPQ_ENV)
 
 
-def resolve_dsn_source(dsn: str | None = None) -> tuple[str, DsnSource]:
-    """The DSN to connect with and where it came from."""
+def unknown_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``PGLEASE_*`` variables set in `environ` (default: the process's
+    environment) that pglease does not know, sorted."""
+    names = os.environ if environ is None else environ
+    return sorted(n for n in names if n.upper().startswith(_ENV_PREFIX) and n not in KNOWN_ENV)
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Raise `ConfigurationError` naming every unknown ``PGLEASE_*`` variable
+    (with the known name it is closest to); never shows a value."""
+    unknown = unknown_environment(environ)
+    if not unknown:
+        return
+    # Compared without the shared prefix, which would make every name look close.
+    suffixes = {n.removeprefix(_ENV_PREFIX): n for n in sorted(KNOWN_ENV)}
+    named = []
+    for name in unknown:
+        suffix = name.upper().removeprefix(_ENV_PREFIX)
+        close = difflib.get_close_matches(suffix, list(suffixes), n=1, cutoff=0.6)
+        named.append(f"{name} (did you mean {suffixes[close[0]]}?)" if close else name)
+    plural = "s" if len(named) > 1 else ""
+    guessed = all("did you mean" in n for n in named)
+    known = "" if guessed else f"; pglease reads {', '.join(USER_ENV)}"
+    raise ConfigurationError(f"unknown environment variable{plural} {', '.join(named)}{known}")
+
+
+def resolve_dsn_source(dsn: str | None = None, *, quiet: bool = False) -> tuple[str, DsnSource]:
+    """The DSN to connect with and where it came from.
+
+    Without `dsn` the environment decides, after `check_environment`: an
+    unknown ``PGLEASE_*`` variable raises `ConfigurationError`. `quiet`: the
+    embedded server's start is not announced on stderr (the caller says so).
+    """
     if dsn:
         return check_dsn(dsn), "argument"
+    check_environment()
     from_env = os.environ.get(ENV_DSN)
     if from_env:
         return check_dsn(from_env), "PGLEASE_DSN"
@@ -262,7 +326,7 @@ def resolve_dsn_source(dsn: str | None = None) -> tuple[str, DsnSource]:
         return "", "libpq-env"
     from .embedded import embedded_dsn
 
-    return embedded_dsn(), "embedded"
+    return embedded_dsn(quiet=quiet), "embedded"
 
 
 def resolve_dsn(dsn: str | None = None) -> str:

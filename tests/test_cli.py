@@ -7,9 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from pglease.migrations import migrate
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def migrate_schema(pg_dsn: str, schema: str) -> str:
+    """Set `schema` up as `pglease migrate` does (a CLI command that writes needs it)."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        migrate(conn, schema)
+    return schema
 
 
 def run(

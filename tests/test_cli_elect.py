@@ -9,7 +9,7 @@ import sys
 import time
 from typing import IO
 
-from .test_cli import ROOT
+from .test_cli import ROOT, migrate_schema
 
 PGLEASE = [sys.executable, "-m", "pglease"]
 DEADLINE = 60.0
@@ -24,6 +24,7 @@ def pglease_run(
 
 
 def _elect(dsn: str, schema: str, owner: str, *command: str) -> subprocess.Popen[str]:
+    migrate_schema(dsn, schema)
     return subprocess.Popen(
         [*PGLEASE, "--dsn", dsn, "--schema", schema, "--json", "elect", "sched",
          "--owner", owner, "--ttl", "6", *command],
@@ -101,6 +102,7 @@ def test_elect_runs_command_and_stops_it_when_resigned(pg_dsn: str, schema: str)
 
 
 def test_elect_command_exit_codes(pg_dsn: str, schema: str) -> None:
+    migrate_schema(pg_dsn, schema)
     base = ["--dsn", pg_dsn, "--schema", schema, "elect", "sched", "--owner", "host:a"]
     done = pglease_run(*base, "--ttl", "5s", "--", sys.executable, "-c", "raise SystemExit(7)")
     assert done.returncode == 7, done.stderr

@@ -18,7 +18,7 @@ from pglease import Owner, Permit, PostgresStore
 from pglease.cli import main
 from pglease.roles import grant
 
-from .test_cli import ROOT, run
+from .test_cli import ROOT, migrate_schema, run
 from .test_trust import Roles
 
 A = Owner("host", "a")
@@ -47,6 +47,7 @@ def resources(pg_dsn: str, schema: str) -> int:
 
 
 def _claim(pg_dsn: str, schema: str, capsys: pytest.CaptureFixture[str], key: str) -> str:
+    migrate_schema(pg_dsn, schema)
     code, out, err = cli(pg_dsn, schema, capsys, "--json", "claim", "run", key,
                          "--owner", "host:a", "--ttl", "30s")  # fmt: skip
     assert code == 0, err

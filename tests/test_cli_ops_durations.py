@@ -12,7 +12,7 @@ from pglease import Owner, PostgresStore
 from pglease.cli import main
 from pglease.durations import DurationError, parse_duration
 
-from .test_cli import run
+from .test_cli import migrate_schema, run
 
 A = Owner("host", "a")
 
@@ -73,6 +73,7 @@ def _code(pg_dsn: str, schema: str, *args: str) -> int:
 def test_claim_and_renew_take_durations(
     pg_dsn: str, schema: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    migrate_schema(pg_dsn, schema)
     claim_args = ["--json", "claim", "run", "r1", "--owner", "host:a", "--ttl", "2m"]
     assert _code(pg_dsn, schema, *claim_args) == 0
     claim = json.loads(capsys.readouterr().out)
@@ -131,7 +132,8 @@ def test_prune_dry_run_counts_and_deletes_nothing(
     report = json.loads(result.stdout)
     assert (report["dry_run"], report["would_delete"]) == (True, 6)
     assert datetime.fromisoformat(report["oldest"]) <= datetime.fromisoformat(report["newest"])
-    assert report["longest_ttl_seconds"] is None and report["needs_force"] is False
+    assert report["longest_ttl_seconds"] is None and report["floor_seconds"] == 86400
+    assert report["needs_force"] is True  # 0 is below the one-day floor
     assert _events(pg_dsn, schema) == 6
 
     nothing = run(pg_dsn, schema, "--json", "prune", "--older-than", "1h", "--dry-run")
@@ -141,32 +143,58 @@ def test_prune_dry_run_counts_and_deletes_nothing(
     assert "would delete 6 events (created " in text.stdout and "nothing deleted" in text.stdout
 
     # The real prune deletes what the dry run counted.
-    pruned = run(pg_dsn, schema, "--json", "prune", "--older-than", "0")
+    pruned = run(pg_dsn, schema, "--json", "prune", "--older-than", "0", "--force")
     assert pruned.returncode == 0, pruned.stderr
     assert json.loads(pruned.stdout)["deleted"] == 6
     assert _events(pg_dsn, schema) == 0
 
 
+def test_prune_below_the_one_day_floor_needs_force_even_with_no_lease_held(
+    pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    for key in ("a", "b"):
+        claim = pg_store.claim(pg_store.ensure_resource("run", key), A, 30)
+        assert claim is not None
+        pg_store.release(claim)
+    assert _events(pg_dsn, schema) == 4  # and no lease is held now
+
+    for age in ("0s", "23h"):
+        refused = run(pg_dsn, schema, "prune", "--older-than", age)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr == (
+            f"pglease: error: --older-than {age} is below the floor of 1d (the minimum"
+            " retention); pass --force to prune anyway\n"
+        )
+        assert _events(pg_dsn, schema) == 4  # nothing deleted
+    assert run(pg_dsn, schema, "prune", "--older-than", "1d").returncode == 0
+    forced = run(pg_dsn, schema, "--json", "prune", "--older-than", "0s", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["deleted"] == 4
+
+
 def test_prune_refuses_an_age_below_the_longest_ttl_unless_forced(
     pg_store: PostgresStore, pg_dsn: str, schema: str
 ) -> None:
-    assert pg_store.claim(pg_store.ensure_resource("run", "long"), A, 600) is not None
+    # A lease longer than the one-day floor raises the floor to its TTL.
+    assert pg_store.claim(pg_store.ensure_resource("run", "long"), A, 2 * 86400) is not None
     assert pg_store.claim(pg_store.ensure_resource("run", "short"), A, 5) is not None
 
-    refused = run(pg_dsn, schema, "prune", "--older-than", "1m")
+    refused = run(pg_dsn, schema, "prune", "--older-than", "1d")
     assert refused.returncode == 2
     assert refused.stderr.startswith("pglease: error:") and len(refused.stderr.splitlines()) == 1
-    assert "--older-than 60s" in refused.stderr and "(600s, a held lease)" in refused.stderr
+    assert "--older-than 1d is below the floor of 2d" in refused.stderr
+    assert "(the longest TTL in use, 172800s, a held lease)" in refused.stderr
     assert "--force" in refused.stderr
     assert _events(pg_dsn, schema) == 2
 
-    dry = run(pg_dsn, schema, "--json", "prune", "--older-than", "1m", "--dry-run")
+    dry = run(pg_dsn, schema, "--json", "prune", "--older-than", "1d", "--dry-run")
     assert dry.returncode == 0
     report = json.loads(dry.stdout)
-    assert report["needs_force"] is True and report["longest_ttl_seconds"] == pytest.approx(600)
+    assert report["needs_force"] is True
+    assert report["longest_ttl_seconds"] == report["floor_seconds"] == pytest.approx(172800)
     assert "would refuse" in dry.stderr
 
-    assert run(pg_dsn, schema, "prune", "--older-than", "15m").returncode == 0
+    assert run(pg_dsn, schema, "prune", "--older-than", "3d").returncode == 0
     forced = run(pg_dsn, schema, "--json", "prune", "--older-than", "0", "--force")
     assert forced.returncode == 0, forced.stderr
     assert json.loads(forced.stdout)["deleted"] == 2

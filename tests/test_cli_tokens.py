@@ -13,10 +13,11 @@ import pytest
 from pglease.cli import main
 from pglease.ids import new_token
 
-from .test_cli import ROOT
+from .test_cli import ROOT, migrate_schema
 
 
 def _lease(pg_dsn: str, schema: str, capsys: pytest.CaptureFixture[str], key: str = "r1") -> str:
+    migrate_schema(pg_dsn, schema)
     code = main(["--dsn", pg_dsn, "--schema", schema, "--json", "claim", "run", key,
                  "--owner", "host:a", "--ttl", "30"])  # fmt: skip
     assert code == 0

@@ -39,5 +39,9 @@ def test_demo_output_explains_itself(pg_dsn: str, schema: str) -> None:
     assert "legend: claims = " in out
     assert "invariants: OK" in out
     assert f"pglease --schema {schema}_demo ls" in out
+    # Only migrate creates a schema: the hint to lead an election says so first.
+    assert out.index(f"pglease --schema {schema} migrate") < out.index(
+        f"pglease --schema {schema} elect scheduler"
+    )
     # An explicit --dsn is not the embedded server: no hint to stop it.
     assert "pglease embedded stop" not in out

@@ -87,7 +87,7 @@ def test_watch_json_limit_and_prune(pg_store: PostgresStore, pg_dsn: str, schema
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == lines[1]["cursor"]
 
-    out = _run(pg_dsn, schema, "prune", "--older-than", "0s")
+    out = _run(pg_dsn, schema, "prune", "--older-than", "0s", "--force")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "deleted 4 events"
 

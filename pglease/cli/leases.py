@@ -21,6 +21,7 @@ from .support import (
     note_embedded,
     open_store,
     print_json,
+    require_schema,
 )
 
 
@@ -166,6 +167,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     note_embedded(args)
     # A direct connection: revoke_lease is the owner's, outside any store.
     with connect_direct(args) as conn:
+        require_schema(conn, args.schema, embedded=dsn_source(args) == "embedded")
         state = migration_state(conn, args.schema)
         if not state.up_to_date:
             raise state.not_migrated_error("revoke never migrates")

@@ -16,7 +16,7 @@ import psycopg
 import psycopg.errors
 
 from .. import __version__
-from ..dsn import redact_text
+from ..dsn import check_environment, redact_text
 from ..durations import duration_arg
 from ..errors import (
     LeaseLostError,
@@ -326,6 +326,7 @@ def _run(args: argparse.Namespace) -> int:
         return fail(redact_text(message, args.dsn), code)
 
     try:
+        check_environment()  # every command: a misspelt PGLEASE_* is never ignored
         if hasattr(args, "token_file"):
             args.token = read_token(args.token, args.token_file)
         if getattr(args, "connects", True):  # `embedded status` must not start a server

@@ -17,12 +17,12 @@ from typing import Any
 
 import psycopg
 
-from ..dsn import redact_dsn, resolve_dsn_source
-from ..errors import InvalidTokenError
+from ..dsn import resolve_dsn_source
+from ..errors import ConfigurationError, InvalidTokenError
 from ..postgres import PostgresStore
 from ..postgres._core import pooler_mode, unavailable
 from ..types import Owner
-from ..validation import check_token
+from ..validation import check_schema_name, check_token
 
 ENV_TOKEN = "PGLEASE_TOKEN"
 
@@ -34,8 +34,22 @@ EXIT_NOT_CURRENT = 4
 
 
 def resolve_connection(args: argparse.Namespace) -> None:
-    """Settle ``args.dsn`` once (libpq order) and record ``args.dsn_source``."""
-    args.dsn, args.dsn_source = resolve_dsn_source(args.dsn)
+    """Settle ``args.dsn`` once (libpq order) and record ``args.dsn_source``.
+
+    Only when nothing names a server (no --dsn, $PGLEASE_DSN or libpq
+    environment) is it the embedded one, and then the command says so in one
+    line on stderr, so nobody mistakes it for their own server.
+    """
+    args.dsn, args.dsn_source = resolve_dsn_source(args.dsn, quiet=True)
+    if args.dsn_source == "embedded":
+        from ..embedded import default_data_dir
+
+        print(
+            "pglease: no --dsn, PGLEASE_DSN or PGHOST/PGSERVICE set: using the embedded"
+            f" PostgreSQL in {default_data_dir().resolve()} (`pglease embedded stop` stops it)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def dsn_source(args: argparse.Namespace) -> str:
@@ -45,29 +59,53 @@ def dsn_source(args: argparse.Namespace) -> str:
 
 
 def note_embedded(args: argparse.Namespace) -> None:
-    """Before a write: say so on stderr when it goes to the embedded server."""
+    """Settle the connection if main() did not (which says so for the embedded server)."""
     if getattr(args, "dsn_source", None) is None:
-        resolve_connection(args)  # a caller that skipped main()
-    if args.dsn_source == "embedded":
-        print(
-            f"pglease: using the embedded PostgreSQL at {redact_dsn(args.dsn)}"
-            " (set PGLEASE_DSN or PGHOST to use your server)",
-            file=sys.stderr,
-            flush=True,
-        )
+        resolve_connection(args)
+
+
+#: Whether the schema exists, and whether `pglease migrate` ever set it up.
+_SCHEMA_STATE = (
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(s)s),"
+    " EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+    "  ON n.oid = c.relnamespace WHERE n.nspname = %(s)s AND c.relname = 'schema_migrations')"
+)
+
+
+def require_schema(conn: psycopg.Connection[Any], schema: str, *, embedded: bool = False) -> None:
+    """Refuse (`ConfigurationError`) a schema `pglease migrate` never set up.
+
+    Only ``migrate`` creates a schema: a command that writes to a typo'd
+    --schema would otherwise start a second, empty lease table and grant
+    generation 1 to whoever asks, excluding nobody. `embedded`: the
+    connection is the embedded server's, which the message says too (a
+    host that lost its PGLEASE_DSN must not be told to migrate a private copy).
+    """
+    row = conn.execute(_SCHEMA_STATE, {"s": check_schema_name(schema)}).fetchone()
+    exists, migrated = (bool(v) for v in row) if row is not None else (False, False)
+    if migrated:
+        return
+    what = "holds no pglease tables" if exists else "does not exist"
+    where = " on the embedded PostgreSQL (set PGLEASE_DSN for your server)" if embedded else ""
+    raise ConfigurationError(
+        f"schema {schema!r} {what}{where}; run `pglease --schema {schema} migrate` to set it"
+        " up (only migrate creates a schema)"
+    )
 
 
 def open_store(args: argparse.Namespace, *, read_only: bool = False) -> PostgresStore:
     """The store named by the global --dsn/--schema options.
 
     A read-only command never migrates (a typo'd --schema must not create a
-    schema), nor does any command under --no-migrate. A writing command on the
-    embedded server says so, so nobody mistakes it for their own server.
+    schema), nor does any command under --no-migrate. A writing command first
+    checks that the schema exists (`require_schema`); it then applies pending
+    migrations to it, unless --no-migrate.
     """
-    if not read_only:
-        note_embedded(args)
-    elif getattr(args, "dsn_source", None) is None:
+    if getattr(args, "dsn_source", None) is None:
         resolve_connection(args)
+    if not read_only:
+        with connect_direct(args) as conn:
+            require_schema(conn, args.schema, embedded=args.dsn_source == "embedded")
     migrate = not read_only and not getattr(args, "no_migrate", False)
     # Without migrating, the store checks the migration state itself and
     # raises MigrationError (naming the command to run) for a schema that

@@ -76,7 +76,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="delete old events and unreferenced payloads",
         description="Delete events older than DURATION (90s, 15m, 12h,"
         " 7d, 1h30m), then the payloads no remaining event references."
-        " Watchers behind the deleted range get CursorExpiredError.",
+        " Watchers behind the deleted range get CursorExpiredError. A DURATION"
+        " below the floor (1d, or the longest TTL of a held lease if longer) needs --force.",
     )
     p.add_argument(
         "--older-than", required=True, type=duration_arg("--older-than"), metavar="DURATION"
@@ -89,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--force",
         action="store_true",
-        help="prune even when DURATION is shorter than the longest TTL of a held lease",
+        help="prune even below the floor: 1d, or the longest TTL of a held lease if longer",
     )
     p.add_argument(
         "--chunk",
@@ -180,6 +181,35 @@ def _watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: The shortest age `pglease prune` deletes without --force: the log is the
+#: fleet's audit trail and every watcher's resume point, and an age of minutes
+#: is more often a slip (1m for 1h, 0s) than a plan.
+PRUNE_FLOOR_SECONDS = 86400.0
+
+
+def _short(seconds: float) -> str:
+    """86400 -> 1d, 600 -> 10m, 1.5 -> 1.5s."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def prune_floor(longest_ttl: float | None) -> tuple[float, str]:
+    """The floor below which prune needs --force, and what sets it."""
+    if longest_ttl is not None and longest_ttl > PRUNE_FLOOR_SECONDS:
+        return longest_ttl, f"the longest TTL in use, {longest_ttl:g}s, a held lease"
+    return PRUNE_FLOOR_SECONDS, "the minimum retention"
+
+
+def _below_floor(older_than: float, longest_ttl: float | None) -> str | None:
+    """Why prune refuses `older_than` without --force (None: it does not)."""
+    floor, why = prune_floor(longest_ttl)
+    if older_than >= floor:
+        return None
+    return f"--older-than {_short(older_than)} is below the floor of {_short(floor)} ({why})"
+
+
 def _longest_ttl(conn: psycopg.Connection[Any], schema: str) -> float | None:
     """The longest lease length among live leases (from the last renewal), in seconds."""
     row = conn.execute(
@@ -225,18 +255,15 @@ def cmd_prune(args: argparse.Namespace) -> int:
             with store.connection() as conn:
                 longest = _longest_ttl(conn, store.schema)
                 would = _would_prune(conn, store.schema, args.older_than) if args.dry_run else None
-            too_young = longest is not None and args.older_than < longest
+            refusal = _below_floor(args.older_than, longest)
             if would is not None:
-                return _print_dry_run(args, would, longest, too_young, as_json)
-            if too_young and not args.force:
-                # So short an age deletes the claim or renewal events of leases
-                # still running: more often a typo (1m for 1h) than a plan.
-                return fail(
-                    f"--older-than {args.older_than:g}s is shorter than the longest TTL in use"
-                    f" ({longest:g}s, a held lease); pass --force to prune anyway",
-                    EXIT_USAGE,
-                )
+                return _print_dry_run(args, would, longest, refusal, as_json)
+            if refusal is not None and not args.force:
+                # Checked before anything is deleted: nothing was.
+                return fail(f"{refusal}; pass --force to prune anyway", EXIT_USAGE)
             deleted = prune(store, args.older_than, chunk=args.chunk)
+    except ValidationError as exc:
+        return fail(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
         return fail(str(exc))
     if as_json:
@@ -253,7 +280,7 @@ def _print_dry_run(
     args: argparse.Namespace,
     would: tuple[int, datetime | None, datetime | None],
     longest: float | None,
-    too_young: bool,
+    refusal: str | None,
     as_json: bool,
 ) -> int:
     count, oldest, newest = would
@@ -266,7 +293,8 @@ def _print_dry_run(
                 "newest": newest,
                 "older_than_seconds": args.older_than,
                 "longest_ttl_seconds": longest,
-                "needs_force": too_young,
+                "floor_seconds": prune_floor(longest)[0],
+                "needs_force": refusal is not None,
             }
         )
     else:
@@ -274,12 +302,8 @@ def _print_dry_run(
         if oldest is not None and newest is not None:
             span = f" (created {oldest.isoformat()} to {newest.isoformat()})"
         print(f"would delete {count} events{span}; nothing deleted (dry run)")
-    if too_young:
-        print(
-            f"pglease: note: without --force, prune would refuse: --older-than"
-            f" {args.older_than:g}s is shorter than the longest TTL in use ({longest:g}s)",
-            file=sys.stderr,
-        )
+    if refusal is not None:
+        print(f"pglease: note: without --force, prune would refuse: {refusal}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -311,6 +335,8 @@ def cmd_reap(args: argparse.Namespace) -> int:
                 print_json({"reaped": reaper.reaped})
             else:
                 print(f"reaped {reaper.reaped} leases", file=sys.stderr)
+    except ValidationError as exc:  # a --schema migrate never set up, say
+        return fail(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:

@@ -287,16 +287,27 @@ LEGEND = (
 
 
 def next_steps(report: DemoReport) -> list[str]:
-    """What to try after the demo: inspect what it wrote, then lead an election."""
+    """What to try after the demo: inspect what it wrote, then set up a schema of
+    one's own (only `migrate` creates one) and lead an election in it."""
+    base = report.schema.removesuffix("_demo")
+    flag = "" if base == "pglease" else f" --schema {base}"
     steps = [
-        f"  pglease --schema {report.schema} ls"
-        "                        the demo's resources: holder, generation, revision",
-        f"  pglease --schema {report.schema} events controller demo-0"
-        "   one resource's history: claims, takeovers, fenced writes",
-        "  pglease elect scheduler --owner host:$(hostname) --ttl 10"
-        "   lead an election until Ctrl-C",
+        (
+            f"pglease --schema {report.schema} ls",
+            "the demo's resources: holder, generation, revision",
+        ),
+        (
+            f"pglease --schema {report.schema} events controller demo-0",
+            "one resource's history: claims, takeovers, fenced writes",
+        ),
+        (f"pglease{flag} migrate", f"set up schema {base} (only migrate creates one)"),
+        (
+            f"pglease{flag} elect scheduler --owner host:$(hostname) --ttl 10",
+            "then lead an election in it until Ctrl-C",
+        ),
     ]
-    return steps
+    width = max(len(command) for command, _ in steps)
+    return [f"  {command:<{width}}   {what}" for command, what in steps]
 
 
 def print_report(report: DemoReport, out: Any = sys.stdout) -> None:

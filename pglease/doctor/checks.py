@@ -181,7 +181,8 @@ def check_privileges(conn: Conn, schema: str) -> list[Check]:
         out.append(
             Check(
                 "superuser",
-                "warn",
+                # Advice: pglease works; only the role model's limits do not apply.
+                "advice",
                 f"role {user} is a superuser: nothing the role model enforces applies to it",
                 "run stores as a client role; migrate as a dedicated owner role",
             )

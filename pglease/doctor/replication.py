@@ -64,14 +64,25 @@ def check_replication(conn: Conn, schema: str) -> list[Check]:
             detail = "this server is a standby; its primary decides"
             out.append(Check("synchronous_standby", "unknown", detail))
         else:
-            standbys = f"{len(rows)} asynchronous standby(s) attached" if rows else "no standby"
+            # An asynchronous standby can be promoted without the last grants: a
+            # warning. With none at all there is nothing to fail over to: advice.
+            if rows:
+                detail = (
+                    f"synchronous_standby_names is empty ({len(rows)} asynchronous standby(s)"
+                    " attached): a failover can lose acknowledged grants, and the new primary"
+                    " hand the same generation out again"
+                )
+            else:
+                detail = (
+                    "synchronous_standby_names is empty (no standby): a single server, nothing"
+                    " to fail over to; a standby added for failover must be synchronous, or a"
+                    " failover can lose acknowledged grants"
+                )
             out.append(
                 Check(
                     "synchronous_standby",
-                    "warn",
-                    f"synchronous_standby_names is empty ({standbys}): a failover can lose"
-                    " acknowledged grants, and the new primary hand the same generation out"
-                    " again",
+                    "warn" if rows else "advice",
+                    detail,
                     "run a synchronous standby: synchronous_standby_names = 'FIRST 1 (name)'"
                     " with application_name=name in the standby's primary_conninfo",
                 )

@@ -9,8 +9,9 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-Verdict = Literal["ok", "unknown", "warn", "error"]
-_RANK: dict[str, int] = {"ok": 0, "unknown": 0, "warn": 1, "error": 2}
+Verdict = Literal["ok", "unknown", "advice", "warn", "error"]
+#: "advice" (a hardening step, nothing wrong) never fails the exit status.
+_RANK: dict[str, int] = {"ok": 0, "unknown": 0, "advice": 0, "warn": 1, "error": 2}
 
 EXIT_OK = 0
 EXIT_WARN = 1
@@ -43,7 +44,8 @@ class Report:
 
     @property
     def worst(self) -> Verdict:
-        """The most serious verdict ("ok" when there is nothing to report)."""
+        """The most serious verdict that counts ("ok" when nothing is wrong;
+        "unknown" and "advice" count as "ok")."""
         worst: Verdict = "ok"
         for check in self.checks:
             if _RANK[check.verdict] > _RANK[worst]:
@@ -52,7 +54,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 nothing wrong, 1 warnings, 2 errors."""
+        """0 nothing wrong (advice only), 1 warnings, 2 errors."""
         return _RANK[self.worst]
 
     def by_name(self, name: str) -> Check:
