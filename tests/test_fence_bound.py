@@ -76,13 +76,46 @@ def stall_apply(how: str, wake: threading.Event) -> Callable[[psycopg.Connection
     return apply
 
 
-def rival_claim(dsn: str, schema: str, rid: str, at: float) -> tuple[Claim | None, float]:
+def rival_claim(
+    dsn: str, schema: str, rid: str, at: float, *, pooler: bool = False
+) -> tuple[Claim | None, float]:
     """B's claim at monotonic time `at`: the claim and how long it took."""
-    with PostgresStore(dsn, schema=schema, max_size=1) as rival:
+    with PostgresStore(dsn, schema=schema, max_size=1, pooler=pooler) as rival:
         time.sleep(max(0.0, at - time.monotonic()))
         started = time.monotonic()
         claim = rival.claim(rid, B, 30)
         return claim, time.monotonic() - started
+
+
+def stalled_holder(
+    holder: PostgresStore, rival_dsn: str, schema: str, rid: str, how: str, *, pooler: bool = False
+) -> tuple[Claim | None, float, BaseException | None]:
+    """`holder` claims `rid` for TTL and stalls in a fenced mutation (`how`, see
+    `stall_apply`); B claims RIVAL_AT after the expiry. Returns B's claim, how
+    long it took, and what the holder's mutate raised."""
+    claim = holder.claim(rid, A, TTL)
+    assert claim is not None
+    # The lease expires by the database clock no later than TTL from here.
+    expiry = time.monotonic() + TTL
+    wake = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            holder.mutate(Permit(rid, claim.revision, claim), "job.step", stall_apply(how, wake))
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        taken, took = rival_claim(rival_dsn, schema, rid, expiry + RIVAL_AT, pooler=pooler)
+    finally:
+        wake.set()
+        thread.join(STALL + 10)
+    [error] = outcome
+    return taken, took, error
 
 
 HOW = ["query", "commit", "statement"]
@@ -98,30 +131,9 @@ def test_a_rival_claims_soon_after_a_stalled_holders_expiry(
     replaced, never reused."""
     with PostgresStore(pg_dsn, schema=schema, max_size=1) as holder:
         rid = holder.ensure_resource("job", "stall")
-        claim = holder.claim(rid, A, TTL)
-        assert claim is not None
-        # The lease expires by the database clock no later than TTL from here.
-        expiry = time.monotonic() + TTL
-        wake = threading.Event()
-        outcome: list[BaseException | None] = []
-
-        def run() -> None:
-            try:
-                holder.mutate(Permit(rid, claim.revision, claim), "job.step", stall_apply(how, wake))
-                outcome.append(None)
-            except BaseException as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        try:
-            taken, took = rival_claim(pg_dsn, schema, rid, expiry + RIVAL_AT)
-        finally:
-            wake.set()
-            thread.join(STALL + 10)
+        taken, took, error = stalled_holder(holder, pg_dsn, schema, rid, how)
         assert taken is not None and taken.generation == 2
         assert took < RIVAL_WITHIN
-        [error] = outcome
         assert isinstance(error, LeaseExpiredError), repr(error)
         assert "ran out during the fenced mutation" in str(error)
         assert_no_late_write(holder.events(rid))
@@ -181,30 +193,9 @@ def test_longer_limits_in_force_are_shortened_never_lengthened(pg_dsn: str, sche
     dsn = with_options(pg_dsn, options)
     with PostgresStore(dsn, schema=schema, statement_timeout=None, max_size=1) as holder:
         rid = holder.ensure_resource("job", "long-limits")
-        claim = holder.claim(rid, A, TTL)
-        assert claim is not None
-        expiry = time.monotonic() + TTL
-        wake = threading.Event()
-        outcome: list[BaseException | None] = []
-
-        def run() -> None:
-            try:
-                holder.mutate(
-                    Permit(rid, claim.revision, claim), "job.step", stall_apply("query", wake)
-                )
-                outcome.append(None)
-            except BaseException as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=run)
-        thread.start()
-        try:
-            taken, took = rival_claim(pg_dsn, schema, rid, expiry + RIVAL_AT)
-        finally:
-            wake.set()
-            thread.join(STALL + 10)
+        taken, took, error = stalled_holder(holder, pg_dsn, schema, rid, "query")
         assert taken is not None and taken.generation == 2 and took < RIVAL_WITHIN
-        assert isinstance(outcome[0], LeaseExpiredError), repr(outcome[0])
+        assert isinstance(error, LeaseExpiredError), repr(error)
 
         # With 30 s left the bound (30.5 s) shortens the 60 s in force.
         rid2 = holder.ensure_resource("job", "more-time")
@@ -302,7 +293,7 @@ def stopped_holder(
         expiry = time.monotonic() + TTL
         os.kill(proc.pid, signal.SIGSTOP)
         try:
-            taken, took = rival_claim(claim_dsn, schema, rid, expiry + RIVAL_AT)
+            taken, took = rival_claim(claim_dsn, schema, rid, expiry + RIVAL_AT, pooler=pooler)
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         assert taken is not None and taken.generation == 2
