@@ -942,3 +942,36 @@ def test_reap_and_prune_are_bounded_by_lock_timeout(
                 await blocker.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["query", "commit", "statement"])
+def test_a_stalled_fenced_holder_is_cut_at_its_expiry(
+    bouncer_dsn: str, schema: str, how: str
+) -> None:
+    """The lease's bound is transaction-local, so it holds behind a transaction
+    pooler too: the server ends the stalled holder's transaction (and the
+    bouncer's server connection), a rival gets the lease soon after the expiry,
+    the holder gets LeaseExpiredError and its next call works."""
+    from pglease.errors import LeaseExpiredError
+
+    from .test_fence_bound import RIVAL_WITHIN, assert_no_late_write, stalled_holder
+
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True, max_size=1) as holder:
+        rid = holder.ensure_resource("job", "stall")
+        taken, took, error = stalled_holder(holder, bouncer_dsn, schema, rid, how, pooler=True)
+        assert taken is not None and taken.generation == 2
+        assert took < RIVAL_WITHIN
+        assert isinstance(error, LeaseExpiredError), repr(error)
+        assert_no_late_write(holder.events(rid))
+
+
+def test_a_stopped_fenced_holder_behind_the_pooler(
+    bouncer_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """A real process stopped inside its fenced mutation, through the bouncer."""
+    from .test_fence_bound import assert_no_late_write, stopped_holder
+
+    with PostgresStore(bouncer_dsn, schema=schema, pooler=True, max_size=1) as store:
+        rid = store.ensure_resource("job", "stopped")
+        stopped_holder(tmp_path, bouncer_dsn, bouncer_dsn, schema, rid, pooler=True)
+        assert_no_late_write(store.events(rid))

@@ -12,6 +12,7 @@ psycopg's errors become `PgleaseError`s (`_core`).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -333,6 +334,10 @@ class PgDriver:
         conns = self._stack
         conn = self._take(conns)
         phase = _outcomes.BEGIN
+        # A fenced transaction is bounded by its lease on the server
+        # (_bound_by_lease): the seconds its lease had left when mutate_begin's
+        # result arrived, and when that was by this host's monotonic clock.
+        fence: _outcomes.Fence | None = None
         try:
             with conn.transaction():
                 if self._local_limits is not None:
@@ -340,12 +345,22 @@ class PgDriver:
                 cursor = conn.execute(self._q.mutate_begin, args)
                 row = cursor.fetchone()
                 assert row is not None
+                fence = _outcomes.Fence.of(row[2], time.monotonic())
                 phase = _outcomes.APPLY
                 value = apply(conn) if apply is not None else None
                 phase = _outcomes.COMMIT  # leaving the block sends COMMIT
+                if fence is not None:
+                    fence = fence.at_commit(time.monotonic())
         except psycopg.Error as exc:
             error = _outcomes.mutate_error(
-                exc, conn.broken, phase, permit, op.event_type, self._limits, self.dsn
+                exc,
+                conn.broken,
+                phase,
+                permit,
+                op.event_type,
+                self._limits,
+                self.dsn,
+                fence.overran(time.monotonic()) if fence is not None else False,
             )
             if error is None:
                 raise

@@ -8,12 +8,21 @@ builders word the `CommitOutcomeUnknownError` with what to read to find out
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import psycopg
 
-from ..errors import CommitOutcomeUnknownError, PgleaseError
+from ..errors import CommitOutcomeUnknownError, LeaseExpiredError, PgleaseError
 from ..types import Claim, Owner, Permit
-from ._core import NOTHING_COMMITTED, Limits, driver_error, lost, outcome_unknown, translate
+from ._core import (
+    NOTHING_COMMITTED,
+    Limits,
+    _detail,
+    driver_error,
+    lost,
+    outcome_unknown,
+    translate,
+)
 
 
 def claim_unknown(
@@ -68,6 +77,53 @@ def mutate_unknown(
 
 BEGIN, APPLY, COMMIT = "begin", "apply", "commit"  # the phases of a mutation
 
+#: How the server ends a fenced transaction that outlives its lease
+#: (_bound_by_lease): a statement timeout cancels the statement; the idle and
+#: transaction timeouts end the session (so the connection is broken too).
+_SERVER_CUTS = frozenset({"57014", "25P03", "25P04"})
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The time of a fenced mutation's transaction, on this host's monotonic clock.
+
+    `left`: the seconds its lease had left by the database clock when
+    mutate_begin checked it; `begun`: when that result arrived here, so after the
+    check; `commit_sent`: when the block was left to send COMMIT. Whatever the
+    network delays, `begun + left` is no earlier than the lease's expiry: a
+    COMMIT sent after it reaches the server after the expiry, where the fence at
+    commit refuses it or the server has already ended the transaction.
+    """
+
+    left: float
+    begun: float
+    commit_sent: float | None = None
+
+    @classmethod
+    def of(cls, left: object, now: float) -> Fence | None:
+        """From mutate_begin's `pglease.lease_left`; None for an unfenced mutation."""
+        if left is None or left == "":
+            return None
+        return cls(float(str(left)), now)
+
+    def at_commit(self, now: float) -> Fence:
+        return replace(self, commit_sent=now)
+
+    def overran(self, now: float) -> bool:
+        """Whether the lease had run out when COMMIT was sent (if it was), else by `now`."""
+        at = self.commit_sent if self.commit_sent is not None else now
+        return at - self.begun >= self.left
+
+
+def lease_ran_out(exc: psycopg.Error, permit: Permit, dsn: str | None) -> LeaseExpiredError:
+    """A fenced transaction the server ended because its lease ran out."""
+    lease = permit.lease
+    what = f"lease generation {lease.generation} on {permit.resource_id}" if lease else "lease"
+    return LeaseExpiredError(
+        f"{what} ran out during the fenced mutation: the server ends such a transaction"
+        f" just after the lease's expiry; nothing was committed ({_detail(exc, dsn)})"
+    )
+
 
 def mutate_error(
     exc: psycopg.Error,
@@ -77,6 +133,7 @@ def mutate_error(
     event_type: str,
     limits: Limits,
     dsn: str | None,
+    overran: bool = False,
 ) -> PgleaseError | None:
     """What a driver error in `mutate` becomes; None: re-raise it unchanged.
 
@@ -84,7 +141,13 @@ def mutate_error(
     a syntax error) reach them as psycopg raised them, as any exception of
     `apply` does. Mapped are the failures pglease causes or must explain: a
     lost connection, the store's time limits, pglease's own SQLSTATEs.
+
+    `overran`: a fenced mutation's lease had run out (`Fence.overran`). Then a
+    lost connection or a timeout is the server ending the transaction at the
+    lease's expiry (or a COMMIT too late to be accepted): nothing committed.
     """
+    if overran and (broken or exc.diag.sqlstate in _SERVER_CUTS):
+        return lease_ran_out(exc, permit, dsn)
     if broken:
         if phase == COMMIT:
             return mutate_unknown(exc, permit, event_type, dsn)

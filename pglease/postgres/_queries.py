@@ -26,9 +26,12 @@ class Queries:
         self.release = q(
             "SELECT * FROM {s}.release(%s, %s, %s, %s::bigint, %s, %s::bigint, %s::timestamptz)"
         )
+        # Read after the function ran (its FROM item is evaluated first): the
+        # seconds a fenced mutation's lease had left, set by _bound_by_lease.
         self.mutate_begin = q(
-            "SELECT * FROM {s}.mutate_begin(%s, %s::bigint, %s, %s, %s, %s::bigint, %s, %s, %s,"
-            " %s, %s::timestamptz)"
+            "SELECT b.revision, b.event_id, current_setting('pglease.lease_left', true)"
+            " FROM {s}.mutate_begin(%s, %s::bigint, %s, %s, %s, %s::bigint, %s, %s, %s,"
+            " %s, %s::timestamptz) b"
         )
         # `held` is judged once per statement by `_clock_now`: the database
         # clock, or a test time where the schema's owner switched that on.

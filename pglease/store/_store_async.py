@@ -154,7 +154,10 @@ class AsyncLeaseStore(ABC, Generic[C, W]):
         own errors too (say a UniqueViolation or an IntegrityError); only what
         pglease causes is mapped: a lost connection, the store's time limits,
         pglease's own errors, trouble with a SQLite file. Never retried:
-        `apply` runs once.
+        `apply` runs once. With a lease, the transaction cannot outlast it: a
+        write committing after the expiry is refused, and on PostgreSQL the
+        server ends a transaction still open just past the expiry (both
+        `LeaseExpiredError`, nothing committed).
         """
         op = _common.mutate_op(permit, event_type, payload, actor, now)
         return await self._driver.mutate(op, apply)

@@ -507,9 +507,58 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- Bound a fenced mutation's transaction by its lease, on the server: after
+-- mutate_begin's checks, the transaction's statements, its idle time and (on
+-- PostgreSQL 17+) the whole transaction may last at most the lease's
+-- remaining time plus a margin of 0.5 s. The server itself then ends a holder
+-- that stalls (sleeps in its own code, hangs on the network, vanishes) at about
+-- its lease's expiry, and its row lock goes with it: a rival's claim waits at
+-- most that margin past the expiry instead of the rival's own lock_timeout.
+-- The margin keeps the cut after the expiry, so a holder's COMMIT that arrives
+-- just too late is refused by the fence at commit (PGL04) on a live
+-- connection; a timeout never fires before the lease has run out.
+--
+-- The settings are transaction-local (set_config(..., true); they survive the
+-- return from this function and mutate_begin, whose SET clauses save only
+-- search_path) and only ever shorten a limit already in force. On 15 and 16 a
+-- holder that keeps sending statements can outlive the bound (each statement
+-- and each idle spell is bounded on its own); the fence at commit still refuses
+-- its write. A running transaction_timeout is re-armed by disarming it first:
+-- setting it only arms a timer when none runs. `pglease.lease_left` tells the
+-- client the seconds left when the transaction was bounded.
+CREATE OR REPLACE FUNCTION @schema@._bound_by_lease(p_left interval)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_left double precision := greatest(extract(epoch FROM p_left), 0);
+    -- Seconds; the GUCs take int milliseconds (at most 2147483647).
+    v_bound double precision := least(v_left + 0.5, 2147483);
+    v_ms text := ceil(v_bound * 1000)::bigint::text;
+    v_cur double precision;
+BEGIN
+    PERFORM set_config('pglease.lease_left', v_left::text, true);
+    v_cur := extract(epoch FROM current_setting('statement_timeout')::interval);
+    IF v_cur = 0 OR v_bound < v_cur THEN
+        PERFORM set_config('statement_timeout', v_ms, true);
+    END IF;
+    v_cur := extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval);
+    IF v_cur = 0 OR v_bound < v_cur THEN
+        PERFORM set_config('idle_in_transaction_session_timeout', v_ms, true);
+    END IF;
+    IF current_setting('server_version_num')::int >= 170000 THEN
+        v_cur := extract(epoch FROM current_setting('transaction_timeout')::interval);
+        -- A limit in force counts from the transaction's start (now()).
+        IF v_cur = 0 OR v_bound < v_cur - extract(epoch FROM clock_timestamp() - now()) THEN
+            PERFORM set_config('transaction_timeout', '0', true);
+            PERFORM set_config('transaction_timeout', v_ms, true);
+        END IF;
+    END IF;
+END $$;
+
 -- First statement of a mutation's transaction: checks the permit under the row
 -- lock, stores the payload, bumps the revision and appends the event. The
--- caller's own SQL runs afterwards in the same transaction, still under the lock.
+-- caller's own SQL runs afterwards in the same transaction, still under the lock,
+-- and a fenced one no longer than its lease allows (_bound_by_lease).
 --
 -- A payload that is already stored is locked FOR KEY SHARE before the event
 -- that references it is inserted, and stored again if a concurrent prune
@@ -573,6 +622,7 @@ BEGIN
             RAISE EXCEPTION 'lease generation % on % expired at %', l.generation, p_resource,
                 l.expires_at USING ERRCODE = 'PGL04';
         END IF;
+        PERFORM @schema@._bound_by_lease(l.expires_at - v_now);
         p_actor_type := p_owner_type;
         p_actor_id := p_owner_id;
     ELSE
