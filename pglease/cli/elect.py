@@ -135,6 +135,16 @@ def _announce(args: argparse.Namespace, event: str, lease: HeldLease) -> None:
         )
 
 
+def _loss_reason(lease: HeldLease) -> str:
+    """Why the lease was lost, without the lease's own description (the line
+    that reports it names the election and the generation already)."""
+    error = lease.lost_error
+    if error is None:
+        return "lost"
+    text = " ".join(str(error).split())
+    return text.partition(" is lost: ")[2] or text
+
+
 def cmd_elect(args: argparse.Namespace) -> int:
     command = list(args.command or [])
     if command and command[0] == "--":
@@ -177,7 +187,7 @@ def _campaign(args: argparse.Namespace) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in _SIGNALS}
     try:
-        with open_store(args) as store:
+        with hold_cli.quiet_loss_log(), open_store(args) as store:
             election = Election(
                 store, args.name, args.owner, ttl=timing.ttl, interval=timing.interval,
                 margin=timing.margin, fair=args.fair,
@@ -201,7 +211,7 @@ def _campaign(args: argparse.Namespace) -> int:
                 _announce(args, "deposed", deposed[0])
                 print(
                     f"pglease: lost the leadership of {args.name} (generation"
-                    f" {deposed[0].generation}): {deposed[0].lost_error}",
+                    f" {deposed[0].generation}): {_loss_reason(deposed[0])}",
                     file=sys.stderr,
                     flush=True,
                 )
