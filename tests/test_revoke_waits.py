@@ -91,3 +91,19 @@ def test_a_second_revoke_changes_nothing_and_keeps_the_wait(pg_store: PostgresSt
     assert not again.revoked
     assert pg_store.claim(rid, B, 30) is None
     assert pg_store.claim(rid, B, 30, now=stuck.expires_at + MS) is not None
+
+
+def test_revocation_says_when_the_lease_is_claimable_again(pg_store: PostgresStore) -> None:
+    rid = pg_store.ensure_resource("job", "r4")
+    stuck = pg_store.claim(rid, A, 600)
+    assert stuck is not None
+    with psycopg.connect(pg_store.dsn, autocommit=True) as conn:
+        done = revoke_lease(conn, pg_store.schema, rid)
+        assert done.claimable_at == stuck.expires_at
+        again = revoke_lease(conn, pg_store.schema, rid)
+        assert not again.revoked and again.claimable_at == stuck.expires_at
+    expired = pg_store.ensure_resource("job", "r5")
+    assert pg_store.claim(expired, A, 60, now=datetime.now(UTC) - timedelta(hours=1))
+    with psycopg.connect(pg_store.dsn, autocommit=True) as conn:
+        done = revoke_lease(conn, pg_store.schema, expired)
+    assert done.revoked and done.claimable_at is None

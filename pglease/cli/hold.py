@@ -6,23 +6,37 @@ keeps it alive with a keeper thread, and runs the command with
 ``PGLEASE_RESOURCE_ID``, ``PGLEASE_OWNER`` and ``PGLEASE_TTL`` in its
 environment.
 
-The command is dead before the lease can be claimed by another host, given
+The command runs in a session (process group) of its own, and every signal
+the runner sends goes to the whole group: a shell's background jobs, the
+stages of a pipeline, anything the command started and that stayed in the
+group. The runner releases the lease only once the group is gone. On Linux
+the runner is a child subreaper while the command runs, so orphaned members
+are reparented to it and reaped. A process that leaves the group (``setsid``,
+a daemon's double fork) is beyond the runner's reach: run such commands in a
+systemd unit (``KillMode=control-group``) or a cgroup of their own. The
+command has no controlling terminal.
+
+The group is dead before the lease can be claimed by another host, given
 the margin exceeds clock drift plus scheduling delay: the trust window closes
 at ``request start of the last renewal + ttl - margin`` (local monotonic
 clock) and the database lets nobody else claim before ``ttl`` after that
-request reached it. While renewals keep failing, the command gets SIGTERM
+request reached it. While renewals keep failing, the group gets SIGTERM
 ``--kill-after`` seconds before the window closes and SIGKILL when it closes;
-the runner reaps it and only then releases the lease. When the database
-reports the lease gone, the command is killed at once. ``--kill-after`` is at
-most ``ttl - margin - 2 x interval``, so a healthy run, or one failed beat, is
-never stopped. SIGTERM/SIGINT sent to the runner are passed on to the command
-(SIGKILL ``--kill-after`` later, or at the window's close if sooner); the
-lease is released once it exits.
+the runner waits until it is gone and only then releases the lease. When the
+database reports the lease gone (taken over, revoked), the group is killed at
+once; after a revoke, nobody can claim before the revoked lease's last expiry,
+by which time the runner has stopped the group. ``--kill-after`` is at most
+``ttl - margin - 2 x interval``, so a healthy run, or one failed beat, is never
+stopped. SIGTERM/SIGINT sent to the runner are passed on to the group (SIGKILL
+``--kill-after`` later, or at the window's close if sooner). When the command
+exits and leaves processes in its group, they get SIGTERM, then SIGKILL
+``--kill-after`` later; the exit code is still the command's.
 
 Exit codes: the command's own; 128+N when it died of signal N (or the runner
 was stopped by signal N before it started); 75 when the lease was lost, or
 about to be, while the command ran (the command was stopped); 127 when the
-command was not found, 126 when it could not be run; 3 when ``--timeout`` ran
+command was not found, 126 when it could not be run (both checked, as exec
+would, before anything is claimed); 3 when ``--timeout`` ran
 out before the lease was acquired; 2 usage; 1 other errors (among them: no
 database connection for the keeper, reported before anything is claimed).
 """
