@@ -112,3 +112,22 @@ def test_elect_command_exit_codes(pg_dsn: str, schema: str) -> None:
     assert bad.returncode == 2
     unknown = pglease_run("--dsn", pg_dsn, "--schema", schema, "leader", "nobody")
     assert unknown.returncode == 3
+
+
+def test_deposed_leader_tells_the_loss_once_on_one_line(pg_dsn: str, schema: str) -> None:
+    proc = _elect(pg_dsn, schema, "host:a")
+    try:
+        assert json.loads(_line(proc.stdout))["event"] == "elected"
+        resigned = pglease_run("--dsn", pg_dsn, "--schema", schema, "--json", "resign", "sched")
+        assert resigned.returncode == 0, resigned.stderr
+        # The ended term's last expiry: nobody is elected before it.
+        assert json.loads(resigned.stdout)["electable_at"] is not None
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 75, err
+    assert json.loads(out.splitlines()[-1])["event"] == "deposed"
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("pglease: lost the leadership of sched (generation 1): ")
+    assert "is lost" not in lines[0]  # not the lease's own message nested inside

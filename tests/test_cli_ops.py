@@ -256,6 +256,12 @@ def test_revoke_prints_who_was_fenced(
     assert code == 0, err
     assert out.startswith("revoked run/r1: host:a is fenced (generation 1 ended);")
     assert "generation now 2" in out
+    # Nobody can claim before the revoked holder's last expiry, and it says when.
+    assert "; claimable again at " in out and out.count("\n") == 1
+    code, _, err = cli(pg_dsn, schema, capsys, "claim", "run", "r1", "--owner", "host:b",
+                       "--ttl", "30")  # fmt: skip
+    assert code == 3, err
+    assert "was revoked (generation 2); it cannot be claimed before" in err
 
 
 def test_revoke_of_an_unknown_resource_exits_2_and_creates_nothing(

@@ -1,12 +1,13 @@
 """`pglease hold`'s kill schedule reads the lease's clock: driven by a FakeClock,
-a real child gets SIGTERM exactly when the clock reaches ``close - grace`` and
-SIGKILL when it reaches the trust window's close, however fast the host is.
+a real child (leading its own process group) gets SIGTERM exactly when the
+clock reaches ``close - grace`` and SIGKILL when it reaches the trust window's
+close, however fast the host is.
 """
 
 from __future__ import annotations
 
+import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from pglease import Claim, Owner, resource_id
 from pglease.cli.hold import _Supervisor
+from pglease.cli.process_group import ProcessGroup
 from pglease.clock import FakeClock
 from pglease.runtime import HeldLease, Timing
 
@@ -47,36 +49,29 @@ def test_kill_schedule_follows_the_fake_clock(tmp_path: Path) -> None:
     )  # fmt: skip
     lease = HeldLease(claim, timing, clock.monotonic(), clock)
     out = tmp_path / "signals"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(out)])
+    group = ProcessGroup.spawn([sys.executable, "-c", CHILD, str(out)], dict(os.environ))
     try:
         _eventually(lambda: out.exists() and "ready" in out.read_text())
         wake = threading.Event()
-        supervisor = _Supervisor(child, lease, grace, [], wake)
+        supervisor = _Supervisor(group, lease, grace, [], wake)
         result: list[int] = []
-
-        def reap() -> None:
-            child.wait()
-            wake.set()
-
-        threading.Thread(target=reap, daemon=True).start()
+        group.reap_in_background(wake)
         runner = threading.Thread(target=lambda: result.append(supervisor.run()), daemon=True)
         runner.start()
 
         closes = lease.deadline - clock.monotonic()
         clock.advance(closes - grace - 0.1)
         time.sleep(0.3)  # several wake-ups: not yet
-        assert out.read_text().splitlines() == ["ready"] and child.poll() is None
+        assert out.read_text().splitlines() == ["ready"] and group.returncode is None
         clock.advance(0.2)  # past close - grace: SIGTERM
         _eventually(lambda: "term" in out.read_text())
         assert supervisor.stopped_for_lease
         clock.advance(grace - 0.2)  # the window is still open: no SIGKILL yet
         time.sleep(0.3)
-        assert child.poll() is None and runner.is_alive()
+        assert group.returncode is None and runner.is_alive()
         clock.advance(0.2)  # the window closes: SIGKILL
         runner.join(30)
         assert result == [-signal.SIGKILL]
         assert lease.lost_error is not None  # the clock decided it, nobody else
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        group.signal(signal.SIGKILL)

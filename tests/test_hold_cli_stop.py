@@ -243,10 +243,15 @@ def test_kill_after_beyond_the_bound_is_a_usage_error(pg_store: PostgresStore) -
     assert pg_store.list_resources() == []  # refused before anything was claimed
 
 
-@pytest.mark.parametrize("kind", ["missing", "not-executable"])
+@pytest.mark.parametrize("kind", ["missing", "not-executable", "missing-on-path", "directory"])
 def test_command_that_cannot_run(pg_store: PostgresStore, tmp_path: Path, kind: str) -> None:
     if kind == "missing":
         command, code = "/nonexistent", 127
+    elif kind == "missing-on-path":
+        command, code = "no-such-command-pglease", 127
+    elif kind == "directory":
+        (tmp_path / "adir").mkdir()
+        command, code = "./adir", 126
     else:
         script = tmp_path / "not-executable-file"
         script.write_text("#!/bin/sh\necho hi\n")
@@ -260,5 +265,5 @@ def test_command_that_cannot_run(pg_store: PostgresStore, tmp_path: Path, kind: 
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("pglease: error:"), proc.stderr
     assert "Traceback" not in proc.stderr
-    state = pg_store.get(resource_id("job", "j1"))
-    assert not state.lease.held and state.lease.generation == 1
+    # Checked before the claim: no generation burnt, no event written.
+    assert pg_store.list_resources() == []

@@ -9,20 +9,24 @@ leadership is lost (revoked, or the trust window closed) it prints a
 ``deposed`` line and exits 75.
 
 ``elect NAME ... -- CMD ARGS`` runs CMD while leader, with `pglease hold`'s
-runner and guarantee: the command is dead before anyone else can be elected
-(SIGTERM ``--kill-after`` before the trust window closes, SIGKILL when it
-closes), and ``PGLEASE_FENCE`` holds the term. Exit codes as for `hold`: the
-command's own, 75 when leadership was lost, 127 not found, 126 cannot run,
-3 when ``--timeout`` ran out before being elected.
+runner and guarantee: the command, with every process it started in its
+process group, is dead before anyone else can be elected (SIGTERM
+``--kill-after`` before the trust window closes, SIGKILL when it closes; at
+once when the term was resigned or taken), and ``PGLEASE_FENCE`` holds the
+term. Exit codes as for `hold`: the command's own, 75 when leadership was
+lost, 127 not found, 126 cannot run (both checked before campaigning), 3 when
+``--timeout`` ran out before being elected.
 
 ``leader NAME`` prints the current leader and term by the database clock; it
 exits 3 when there is none (so ``pglease leader x && ...`` reads naturally).
 
 ``resign NAME`` is the operator's action, as the schema's owner: it revokes
 the current term (`pglease.admin.revoke_lease` on ``election/NAME``), so the
-leader is fenced at once and whoever campaigns next is elected. A leader
-resigns itself by getting SIGTERM; resigning needs no token on the command
-line that way.
+leader is fenced at once; whoever campaigns next is elected once the revoked
+term's last expiry has passed (by then the old leader's runner has stopped its
+command). A leader resigns itself by getting SIGTERM: it releases, so the
+next is elected at once; resigning needs no token on the command line that
+way.
 """
 
 from __future__ import annotations
@@ -135,6 +139,16 @@ def _announce(args: argparse.Namespace, event: str, lease: HeldLease) -> None:
         )
 
 
+def _loss_reason(lease: HeldLease) -> str:
+    """Why the lease was lost, without the lease's own description (the line
+    that reports it names the election and the generation already)."""
+    error = lease.lost_error
+    if error is None:
+        return "lost"
+    text = " ".join(str(error).split())
+    return text.partition(" is lost: ")[2] or text
+
+
 def cmd_elect(args: argparse.Namespace) -> int:
     command = list(args.command or [])
     if command and command[0] == "--":
@@ -177,7 +191,7 @@ def _campaign(args: argparse.Namespace) -> int:
 
     previous = {s: signal.signal(s, on_signal) for s in _SIGNALS}
     try:
-        with open_store(args) as store:
+        with hold_cli.quiet_loss_log(), open_store(args) as store:
             election = Election(
                 store, args.name, args.owner, ttl=timing.ttl, interval=timing.interval,
                 margin=timing.margin, fair=args.fair,
@@ -201,7 +215,7 @@ def _campaign(args: argparse.Namespace) -> int:
                 _announce(args, "deposed", deposed[0])
                 print(
                     f"pglease: lost the leadership of {args.name} (generation"
-                    f" {deposed[0].generation}): {deposed[0].lost_error}",
+                    f" {deposed[0].generation}): {_loss_reason(deposed[0])}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -274,6 +288,7 @@ def cmd_resign(args: argparse.Namespace) -> int:
                 "resigned": done.revoked,
                 "fenced": str(done.holder) if done.revoked and done.holder else None,
                 "generation": done.generation,
+                "electable_at": done.claimable_at.isoformat() if done.claimable_at else None,
                 "dsn_source": dsn_source(args),
             }
         )
@@ -281,6 +296,11 @@ def cmd_resign(args: argparse.Namespace) -> int:
         print(
             f"{args.name}: {done.holder} is no longer leader (generation"
             f" {done.generation - 1} ended, fenced); the next candidate is elected"
+            + (
+                f" from {done.claimable_at.isoformat()} (the ended term's last expiry)"
+                if done.claimable_at is not None
+                else ""
+            )
         )
     else:
         print(f"{args.name}: no leader; nothing to resign (generation {done.generation})")

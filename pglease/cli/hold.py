@@ -6,23 +6,37 @@ keeps it alive with a keeper thread, and runs the command with
 ``PGLEASE_RESOURCE_ID``, ``PGLEASE_OWNER`` and ``PGLEASE_TTL`` in its
 environment.
 
-The command is dead before the lease can be claimed by another host, given
+The command runs in a session (process group) of its own, and every signal
+the runner sends goes to the whole group: a shell's background jobs, the
+stages of a pipeline, anything the command started and that stayed in the
+group. The runner releases the lease only once the group is gone. On Linux
+the runner is a child subreaper while the command runs, so orphaned members
+are reparented to it and reaped. A process that leaves the group (``setsid``,
+a daemon's double fork) is beyond the runner's reach: run such commands in a
+systemd unit (``KillMode=control-group``) or a cgroup of their own. The
+command has no controlling terminal.
+
+The group is dead before the lease can be claimed by another host, given
 the margin exceeds clock drift plus scheduling delay: the trust window closes
 at ``request start of the last renewal + ttl - margin`` (local monotonic
 clock) and the database lets nobody else claim before ``ttl`` after that
-request reached it. While renewals keep failing, the command gets SIGTERM
+request reached it. While renewals keep failing, the group gets SIGTERM
 ``--kill-after`` seconds before the window closes and SIGKILL when it closes;
-the runner reaps it and only then releases the lease. When the database
-reports the lease gone, the command is killed at once. ``--kill-after`` is at
-most ``ttl - margin - 2 x interval``, so a healthy run, or one failed beat, is
-never stopped. SIGTERM/SIGINT sent to the runner are passed on to the command
-(SIGKILL ``--kill-after`` later, or at the window's close if sooner); the
-lease is released once it exits.
+the runner waits until it is gone and only then releases the lease. When the
+database reports the lease gone (taken over, revoked), the group is killed at
+once; after a revoke, nobody can claim before the revoked lease's last expiry,
+by which time the runner has stopped the group. ``--kill-after`` is at most
+``ttl - margin - 2 x interval``, so a healthy run, or one failed beat, is never
+stopped. SIGTERM/SIGINT sent to the runner are passed on to the group (SIGKILL
+``--kill-after`` later, or at the window's close if sooner). When the command
+exits and leaves processes in its group, they get SIGTERM, then SIGKILL
+``--kill-after`` later; the exit code is still the command's.
 
 Exit codes: the command's own; 128+N when it died of signal N (or the runner
 was stopped by signal N before it started); 75 when the lease was lost, or
 about to be, while the command ran (the command was stopped); 127 when the
-command was not found, 126 when it could not be run; 3 when ``--timeout`` ran
+command was not found, 126 when it could not be run (both checked, as exec
+would, before anything is claimed); 3 when ``--timeout`` ran
 out before the lease was acquired; 2 usage; 1 other errors (among them: no
 database connection for the keeper, reported before anything is claimed).
 """
@@ -32,11 +46,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -48,6 +63,7 @@ from ..runtime.acquire import hold
 from ..runtime.keeper import Keeper
 from ..runtime.lease import HeldLease
 from ..types import Claim
+from .process_group import ProcessGroup, Subreaper
 from .support import EXIT_HELD, EXIT_USAGE, fail, open_store, owner_arg
 
 #: Exit code when the lease was lost while the command ran (EX_TEMPFAIL).
@@ -58,6 +74,9 @@ EXIT_CANNOT_RUN = 126
 #: Default grace between SIGTERM and SIGKILL, when the timing allows it.
 DEFAULT_KILL_AFTER = 5.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: How often the runner looks at a group whose members cannot wake it (they
+#: are not its children), and at a killed group until it is gone.
+GROUP_POLL = 0.05
 
 
 class _Interrupted(BaseException):
@@ -130,17 +149,38 @@ def _grace(requested: float | None, timing: Timing) -> float | str:
     return requested
 
 
-def _send(child: subprocess.Popen[bytes], signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        child.send_signal(signum)
-
-
 def _exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _lost_line(exc: BaseException) -> str:
+    """A loss as one line (a LeaseLostError may wrap the error that caused it)."""
+    return " ".join(str(exc).split())
+
+
+class _NoLossRecords(logging.Filter):
+    """Drops the runtime's own warning of a lost lease: the CLI tells the loss
+    itself, once, on one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and args and isinstance(args[0], LeaseLostError))
+
+
+@contextlib.contextmanager
+def quiet_loss_log() -> Iterator[None]:
+    """While open, a lost lease is not also logged by `pglease.runtime`."""
+    logger = logging.getLogger("pglease.runtime")
+    quiet = _NoLossRecords()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 class _Supervisor:
-    """Runs the command's stop schedule against the lease's trust window.
+    """Runs the command group's stop schedule against the lease's trust window.
 
     Every instant of the schedule is read from the lease's clock (its keeper's);
     the waits between them are real (`real_wait`), so under a fake clock the
@@ -149,13 +189,13 @@ class _Supervisor:
 
     def __init__(
         self,
-        child: subprocess.Popen[bytes],
+        group: ProcessGroup,
         lease: HeldLease,
         grace: float,
         received: list[int],
         wake: threading.Event,
     ) -> None:
-        self.child = child
+        self.group = group
         self.lease = lease
         self.grace = grace
         self.received = received
@@ -163,59 +203,92 @@ class _Supervisor:
         self.clock = lease.clock
         #: The runner stopped the command because of the lease.
         self.stopped_for_lease = False
-        # When the command got SIGTERM (or a forwarded signal): SIGKILL follows
+        # When the group got SIGTERM (or a forwarded signal): SIGKILL follows
         # `grace` later at the latest.
         self._term_at: float | None = None
+        self._killed = False
 
     def run(self) -> int:
-        """Wait until the command is dead and reaped; return its returncode."""
-        seen = 0
+        """Wait until every member of the group is dead (and the ones that were
+        this process's children reaped); return the command's returncode."""
+        forwarded = 0
         while True:
             # Cleared before the state is read: a wake-up after this is not lost.
             self.wake.clear()
-            if seen < len(self.received):
-                seen = len(self.received)  # the handler already forwarded them
+            now = self.clock.monotonic()
+            # Signals to the runner go to the whole group, from here rather
+            # than the handler: one that came while the command was being
+            # started is passed on too.
+            while forwarded < len(self.received):
+                self.group.signal(self.received[forwarded])
+                forwarded += 1
                 if self._term_at is None:
-                    self._term_at = self.clock.monotonic()
-            if self.child.poll() is not None:
-                return self.child.returncode
+                    self._term_at = now
+            if not self.group.alive():
+                returncode = self.group.returncode
+                assert returncode is not None  # the leader is reaped here only
+                return returncode
             with contextlib.suppress(LeaseLostError):
                 self.lease.check()  # the clock decides even if no thread noticed yet
             now = self.clock.monotonic()
-            # A loss the database reported (taken over) ends trust at once, so
-            # the command is killed straight away: someone else may hold it now.
+            # A loss the database reported (taken over, revoked) ends trust at
+            # once, so the group is killed straight away.
             closes = self.lease.trusted_until
             if self._term_at is None and now >= closes - self.grace:
                 lost = self.lease.lost_error
                 self._stop(
-                    f"{lost}; stopping the command"
+                    f"{_lost_line(lost)}; stopping the command"
                     if lost is not None
                     else f"the lease on {self.lease.resource_id} was not renewed and its"
                     f" trust window closes in {closes - now:.3f}s; stopping the command"
                     " (SIGTERM now, SIGKILL when the window closes)"
                 )
-                _send(self.child, signal.SIGTERM)
+                self.group.signal(signal.SIGTERM)
+                self._term_at = now
+            leader_done = self.group.returncode is not None
+            if self._term_at is None and leader_done:
+                # The command exited and left processes in its group: they are
+                # the command's too, and the lease is released only after them.
+                print(
+                    f"pglease: the command exited (code {_exit_code(self.group.returncode or 0)})"
+                    f" and left processes in its group {self.group.pgid}; stopping them"
+                    f" (SIGTERM now, SIGKILL in {self.grace:g}s at the latest)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self.group.signal(signal.SIGTERM)
                 self._term_at = now
             kill_at = closes if self._term_at is None else min(closes, self._term_at + self.grace)
-            if now >= kill_at:
-                if now >= closes:
+            if self._killed or now >= kill_at:
+                if not self._killed and now >= closes:
                     self._stop("the lease's trust window closed; killing the command")
-                return self._kill()
+                self._killed = True
+                # Again on every pass: a member that was forking as the first
+                # SIGKILL went out is killed too.
+                self.group.signal(signal.SIGKILL)
+                self.wake.wait(GROUP_POLL)
+                continue
             wake_at = kill_at if self._term_at is not None else closes - self.grace
-            self.wake.wait(real_wait(self.clock, wake_at - self.clock.monotonic()))
+            delay = real_wait(self.clock, wake_at - self.clock.monotonic())
+            if leader_done:
+                # Members that are not this process's children wake nobody.
+                delay = GROUP_POLL if delay is None else min(delay, GROUP_POLL)
+            self.wake.wait(delay)
 
     def _stop(self, message: str) -> None:
         if not self.stopped_for_lease:
             self.stopped_for_lease = True
             print(f"pglease: {message}", file=sys.stderr, flush=True)
 
-    def _kill(self) -> int:
-        _send(self.child, signal.SIGKILL)
-        return self.child.wait()
+    def kill(self) -> None:
+        """Kill the group and wait until it is gone (the way out of an error)."""
+        while self.group.alive():
+            self.group.signal(signal.SIGKILL)
+            self.wake.wait(GROUP_POLL)
 
 
 def _release_after(store: Any, lease: HeldLease) -> None:
-    """Give back a lease lost by the local clock, once the command is reaped:
+    """Give back a lease lost by the local clock, once the group is gone:
     the database may still have it, and others need not wait for its expiry."""
     lost_at = lease.lost_at
     if lost_at is None or lost_at < lease.deadline:
@@ -224,10 +297,32 @@ def _release_after(store: Any, lease: HeldLease) -> None:
         store.release(lease.claim)
 
 
-def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | int:
-    """Start the command, or return the exit code for a command that cannot run."""
+def _unrunnable(command: list[str], env: dict[str, str]) -> tuple[str, int] | None:
+    """Why `command` cannot be run, as exec would find out, or None: checked
+    before anything is claimed, so a typo costs no generation and no event."""
+    name = command[0]
+    if not name:
+        return "'': command not found", EXIT_NOT_FOUND
+    if os.sep in name or (os.altsep is not None and os.altsep in name):
+        candidates = [name]
+    else:
+        candidates = [os.path.join(d or os.curdir, name) for d in os.get_exec_path(env)]
+    found = [c for c in candidates if os.path.exists(c)]
+    if not found:
+        return f"{name}: command not found", EXIT_NOT_FOUND
+    for path in found:
+        if not os.path.isdir(path) and os.access(path, os.X_OK):
+            return None
+    reason = "is a directory" if os.path.isdir(found[0]) else "permission denied"
+    return f"{name}: cannot run: {reason}", EXIT_CANNOT_RUN
+
+
+def _spawn(command: list[str], env: dict[str, str]) -> ProcessGroup | int:
+    """Start the command in a group of its own, or return the exit code for a
+    command that cannot run after all (its file changed since it was checked,
+    or it is not a program: ENOEXEC)."""
     try:
-        return subprocess.Popen(command, env=env)
+        return ProcessGroup.spawn(command, env)
     except FileNotFoundError:
         return fail(f"{command[0]}: command not found", EXIT_NOT_FOUND)
     except OSError as exc:
@@ -246,21 +341,25 @@ def cmd_hold(args: argparse.Namespace) -> int:
     grace = _grace(args.kill_after, timing)
     if isinstance(grace, str):
         return fail(grace, EXIT_USAGE)
-    child: subprocess.Popen[bytes] | None = None
+    unrunnable = _unrunnable(command, dict(os.environ))
+    if unrunnable is not None:
+        return fail(*unrunnable)
     wake = threading.Event()
     received: list[int] = []
+    # Until the command is being started a signal ends the runner (nothing
+    # to stop yet); from then on the supervisor passes it on to the group.
+    started = False
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
         wake.set()
-        if child is None:
+        if not started:
             raise _Interrupted(signum)
-        _send(child, signum)
 
     supervisor: _Supervisor | None = None
     previous = {s: signal.signal(s, on_signal) for s in _SIGNALS}
     try:
-        with open_store(args) as store, _RunnerKeeper(store) as keeper:
+        with quiet_loss_log(), open_store(args) as store, _RunnerKeeper(store) as keeper:
             try:
                 with hold(
                     store, args.type, args.key, args.owner, timing.ttl, timeout=args.timeout,
@@ -274,18 +373,17 @@ def cmd_hold(args: argparse.Namespace) -> int:
                         "PGLEASE_OWNER": str(lease.owner),
                         "PGLEASE_TTL": repr(lease.timing.ttl),
                     }
-                    spawned = _spawn(command, env)
-                    if isinstance(spawned, int):
-                        return spawned  # released on the way out
-                    child = proc = spawned
-
-                    def reap() -> None:
-                        proc.wait()
-                        wake.set()
-
-                    threading.Thread(target=reap, daemon=True).start()
-                    supervisor = _Supervisor(proc, lease, grace, received, wake)
-                    returncode = supervisor.run()
+                    with Subreaper():
+                        started = True
+                        spawned = _spawn(command, env)
+                        if isinstance(spawned, int):
+                            return spawned  # released on the way out
+                        spawned.reap_in_background(wake)
+                        supervisor = _Supervisor(spawned, lease, grace, received, wake)
+                        try:
+                            returncode = supervisor.run()
+                        finally:
+                            supervisor.kill()  # gone already, unless run() raised
                     _release_after(store, lease)
                     if supervisor.stopped_for_lease:
                         code = EXIT_LEASE_LOST
@@ -295,8 +393,9 @@ def cmd_hold(args: argparse.Namespace) -> int:
                 return fail(str(exc), EXIT_HELD)
             except LeaseLostError as exc:
                 # Lost while the command ran: the block was left after the loss.
+                # The supervisor said so already if it stopped the command for it.
                 if supervisor is None or not supervisor.stopped_for_lease:
-                    print(f"pglease: {exc}", file=sys.stderr)
+                    print(f"pglease: {_lost_line(exc)}", file=sys.stderr, flush=True)
                 return EXIT_LEASE_LOST
             return code
     except _Interrupted as exc:

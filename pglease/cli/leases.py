@@ -131,11 +131,21 @@ def cmd_claim(args: argparse.Namespace) -> int:
                         "dsn_source": dsn_source(args),
                     }
                 )
-            print(
-                f"pglease: {args.type}/{args.key} is held by {holder.owner} (generation "
-                f"{holder.generation}) until {holder.expires_at}",
-                file=sys.stderr,
-            )
+            if holder.owner is None:
+                # Refused with no holder: revoked, and the revoked holder's last
+                # expiry is still ahead (see `pglease revoke`).
+                print(
+                    f"pglease: {args.type}/{args.key} was revoked (generation"
+                    f" {holder.generation}); it cannot be claimed before the revoked"
+                    " holder's last expiry",
+                    file=sys.stderr,
+                )
+            else:
+                print(
+                    f"pglease: {args.type}/{args.key} is held by {holder.owner} (generation "
+                    f"{holder.generation}) until {holder.expires_at}",
+                    file=sys.stderr,
+                )
             return EXIT_HELD
         _print_claim(args, claim)
     return EXIT_OK
@@ -157,6 +167,13 @@ def cmd_release(args: argparse.Namespace) -> int:
     else:
         print(f"released; revision {revision}")
     return EXIT_OK
+
+
+def _claimable(at: datetime | None) -> str:
+    """When a revoked lease can be claimed again, as the tail of a line."""
+    if at is None:
+        return ""
+    return f"; claimable again at {at.isoformat()} (the revoked holder's last expiry)"
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
@@ -187,6 +204,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
                 "fenced": str(done.holder) if done.revoked and done.holder else None,
                 "generation": done.generation,
                 "revision": done.revision,
+                "claimable_at": done.claimable_at.isoformat() if done.claimable_at else None,
                 "dsn_source": dsn_source(args),
             }
         )
@@ -194,7 +212,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
         print(
             f"revoked {args.type}/{args.key}: {done.holder} is fenced (generation"
             f" {done.generation - 1} ended); generation now {done.generation},"
-            f" revision {done.revision}"
+            f" revision {done.revision}{_claimable(done.claimable_at)}"
         )
     else:
         print(

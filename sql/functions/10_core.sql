@@ -285,11 +285,17 @@ BEGIN
         -- reported as before.
         v_now := CASE WHEN p_now IS NULL THEN clock_timestamp()
                       ELSE @schema@._clock_now(p_now) END;
-        SELECT false, l2.generation, l2.expires_at, r.revision, l2.owner_type, l2.owner_id
+        -- A revoked lease counts as live until the revoked holder's last
+        -- granted expiry (see revoke_lease): refused with no holder and the
+        -- time it frees.
+        SELECT false, l2.generation,
+               CASE WHEN l2.owner_id IS NULL THEN l2.revoked_until ELSE l2.expires_at END,
+               r.revision, l2.owner_type, l2.owner_id
           INTO claimed, generation, expires_at, revision, holder_type, holder_id
           FROM @schema@.leases l2 JOIN @schema@.resources r ON r.id = l2.resource_id
          WHERE l2.resource_id = p_resource
-           AND l2.owner_id IS NOT NULL AND l2.expires_at > v_now;
+           AND ((l2.owner_id IS NOT NULL AND l2.expires_at > v_now)
+                OR l2.revoked_until > v_now);
         IF FOUND THEN
             RETURN;
         END IF;
@@ -308,6 +314,7 @@ BEGIN
          WHERE x.resource_id = p_resource
            AND (x.owner_id IS NULL
                 OR (x.expires_at <= v_now AND x.expired_generation IS NOT DISTINCT FROM x.generation))
+           AND (x.revoked_until IS NULL OR x.revoked_until <= v_now)
         RETURNING x.generation, x.expires_at INTO generation, expires_at;
         IF FOUND THEN
             claimed := true;
@@ -344,6 +351,12 @@ BEGIN
     v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
     IF l.owner_id IS NOT NULL AND l.expires_at > v_now THEN
         SELECT false, l.generation, l.expires_at, r.revision, l.owner_type, l.owner_id
+          INTO claimed, generation, expires_at, revision, holder_type, holder_id
+          FROM @schema@.resources r WHERE r.id = p_resource;
+        RETURN;
+    END IF;
+    IF l.revoked_until > v_now THEN
+        SELECT false, l.generation, l.revoked_until, r.revision, NULL, NULL
           INTO claimed, generation, expires_at, revision, holder_type, holder_id
           FROM @schema@.resources r WHERE r.id = p_resource;
         RETURN;
@@ -661,9 +674,13 @@ END $$;
 -- the generation rises, the holder is cleared and `lease.revoked` records the
 -- holder that was fenced and the new generation. The old holder's renew,
 -- release and fenced writes fail at once (not current), and any downstream
--- system comparing fencing tokens sees a higher generation. The schema
--- owner's job: no client or reader role is granted it. Returns revoked =
--- false (and changes nothing) when no one holds the lease.
+-- system comparing fencing tokens sees a higher generation. A claim is still
+-- refused until the old holder's last granted expiry (`revoked_until`): the
+-- database can fence the holder's writes at once but cannot stop its process
+-- on another host, which its runner stops by its own trust window, closing
+-- before that expiry. The schema owner's job: no client or reader role is
+-- granted it. Returns revoked = false (and changes nothing) when no one holds
+-- the lease.
 CREATE OR REPLACE FUNCTION @schema@.revoke_lease(
     p_resource text, OUT revoked boolean, OUT generation bigint, OUT revision bigint,
     OUT holder_type text, OUT holder_id text)
@@ -689,7 +706,8 @@ BEGIN
     generation := l.generation + 1;
     UPDATE @schema@.leases SET generation = revoke_lease.generation, owner_type = NULL,
         owner_id = NULL, token_sha256 = NULL, expires_at = NULL, heartbeat_at = v_now,
-        expired_generation = revoke_lease.generation
+        expired_generation = revoke_lease.generation,
+        revoked_until = CASE WHEN l.expires_at > v_now THEN l.expires_at END
         WHERE resource_id = p_resource;
     SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.revoked',
         l.owner_type, l.owner_id, revoke_lease.generation, NULL, NULL) b;

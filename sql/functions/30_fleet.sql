@@ -174,7 +174,10 @@ BEGIN
         generation := l.generation;
         holder_type := l.owner_type;
         holder_id := l.owner_id;
-        expires_at := CASE WHEN l.owner_id IS NULL THEN NULL ELSE l.expires_at END;
+        -- Nobody holds it: NULL, or, while a revoked holder's expiry is
+        -- waited for (see revoke_lease), the time it frees.
+        expires_at := CASE WHEN l.owner_id IS NOT NULL THEN l.expires_at
+                           WHEN l.revoked_until > v_now THEN l.revoked_until END;
         SELECT r.revision INTO revision FROM @schema@.resources r WHERE r.id = p_resource;
         RETURN;
     END IF;
