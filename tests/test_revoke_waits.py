@@ -1,5 +1,5 @@
 """A revoke fences the holder at once, yet nobody can claim before the revoked
-holder's last granted expiry (migration 0018, `revoke_lease` and `claim`).
+holder's last granted expiry (migration 0017, `revoke_lease` and `claim`).
 
 The database cannot stop a process on another host: the revoked holder's
 runner stops its command by its own trust window, which closes before that
