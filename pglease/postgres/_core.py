@@ -149,7 +149,10 @@ def _detail(exc: BaseException, dsn: str | None = None) -> str:
 def require_migrated(state: MigrationState) -> None:
     """Refuse to open a store on a schema with pending work (auto_migrate=False)."""
     if not state.up_to_date:
-        raise state.not_migrated_error("the store was opened without auto_migrate")
+        # A schema with no pglease tables is most often a typo in its name: the
+        # error says so, and how to create them; auto_migrate is beside the point.
+        reason = "the store was opened without auto_migrate" if state.applied else None
+        raise state.not_migrated_error(reason)
 
 
 def translate(exc: psycopg.Error, limits: Limits | None = None) -> PgleaseError | None:

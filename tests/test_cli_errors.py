@@ -1,0 +1,101 @@
+"""Every CLI error is one line naming the real problem; exit codes follow one table.
+
+Each case runs the real `pglease` process against the test server.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from .test_cli import run
+
+
+def one_line_error(result: object) -> str:
+    """The single stderr line of a failed command, without the `pglease: error: ` prefix."""
+    stderr: str = result.stderr  # type: ignore[attr-defined]
+    assert stderr.startswith("pglease: error: ") and stderr.count("\n") == 1, stderr
+    return stderr.removeprefix("pglease: error: ").rstrip("\n")
+
+
+# --- usage errors: argparse --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["ls", "--ownr", "host:a"],
+            "unrecognized arguments: --ownr host:a (did you mean --owner?)"
+            " (try 'pglease ls --help')",
+        ),
+        (
+            ["ls", "--ownr=host:a", "--tpe", "run"],
+            "unrecognized arguments: --ownr=host:a --tpe run"
+            " (did you mean --owner for --ownr, --type for --tpe?) (try 'pglease ls --help')",
+        ),
+        (["--jsn", "ls"], "unrecognized argument: --jsn (did you mean --json?)"),
+        (["lss"], "unknown command 'lss' (did you mean 'ls'?) (try 'pglease --help')"),
+        (["frobnicate"], "unknown command 'frobnicate' (try 'pglease --help')"),
+        (
+            ["session", "shw", "x"],
+            "unknown command 'shw' (did you mean 'show'?) (try 'pglease session --help')",
+        ),
+        (["session", "show", "x", "--jsn"], "(did you mean --json?)"),
+        (
+            ["claim", "run", "a", "--owner", "host", "--ttl", "5"],
+            "argument --owner: owner 'host' must be TYPE:ID (a type, a colon, an id),"
+            " e.g. host:web-1 (try 'pglease claim --help')",
+        ),
+        (["claim", "run"], "the following arguments are required: key, --owner, --ttl"),
+        (["completion", "fish"], "invalid choice: 'fish' (choose from 'bash', 'zsh')"),
+    ],
+)
+def test_a_usage_error_is_one_line_with_the_close_match(
+    pg_dsn: str, schema: str, args: list[str], expected: str
+) -> None:
+    result = run(pg_dsn, schema, *args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert expected in one_line_error(result)
+
+
+def test_help_is_unchanged(pg_dsn: str, schema: str) -> None:
+    result = run(pg_dsn, schema, "claim", "--help")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.startswith("usage: pglease claim")
+
+
+# --- a typo in --schema ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["ls"], ["get", "run", "a"], ["events", "run", "a"], ["status"], ["session", "ls"]],
+)
+def test_a_schema_typo_on_a_read_is_one_short_line(
+    pg_dsn: str, schema: str, args: list[str]
+) -> None:
+    typo = f"{schema}_typo"
+    result = run(pg_dsn, typo, *args)
+    assert result.returncode == 1
+    message = one_line_error(result)
+    assert message == (
+        f"schema '{typo}' has no pglease tables: check the schema name (--schema,"
+        f" PGLEASE_SCHEMA), or create them with `pglease --schema {typo} migrate`"
+    )
+
+
+def test_a_schema_behind_names_what_it_needs_in_one_line(pg_dsn: str, schema: str) -> None:
+    assert run(pg_dsn, schema, "migrate").returncode == 0
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DELETE FROM "{schema}".schema_functions')
+    result = run(pg_dsn, schema, "ls")
+    assert result.returncode == 1
+    message = one_line_error(result)
+    assert message.startswith(f"schema '{schema}' needs functions@")
+    assert message.endswith(f"; run `pglease --schema {schema} migrate` as the schema's owner")
+    assert json.loads(run(pg_dsn, schema, "--json", "migrate").stdout)["applied"]
