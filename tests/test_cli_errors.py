@@ -99,3 +99,55 @@ def test_a_schema_behind_names_what_it_needs_in_one_line(pg_dsn: str, schema: st
     assert message.startswith(f"schema '{schema}' needs functions@")
     assert message.endswith(f"; run `pglease --schema {schema} migrate` as the schema's owner")
     assert json.loads(run(pg_dsn, schema, "--json", "migrate").stdout)["applied"]
+
+
+# --- one table of exit codes ---------------------------------------------------------------
+
+FORGED_TOKEN = "A" * 43
+#: A well-formed cursor no server of the test run has reached (transaction id 2**40).
+AHEAD_CURSOR = f"{2**40}.1.aaaaaaaaaaaaaaaa"
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        # 2: usage or bad input, including naming something that does not exist
+        (["get", "run", "nope"], 2),
+        (["events", "run", "nope"], 2),
+        (["revoke", "run", "nope"], 2),
+        (["release", "run", "nope", "--owner", "host:a", "--token", FORGED_TOKEN], 2),
+        (["session", "show", "nope"], 2),
+        (["session", "export", "nope", "--to", "/nonexistent-pglease-dir"], 2),
+        (["watch", "--after", "not-a-cursor", "--limit", "1"], 2),
+        (["claim", "run", "held", "--owner", "host:b", "--ttl", "0"], 2),
+        (["ls", "--ownr", "host:a"], 2),
+        # 3: held by another owner
+        (["claim", "run", "held", "--owner", "host:b", "--ttl", "30"], 3),
+        # 4: lease not current, revision stale
+        (["renew", "run", "held", "--owner", "host:a", "--token", FORGED_TOKEN, "--ttl", "5"], 4),
+        (["release", "run", "held", "--owner", "host:b", "--token", FORGED_TOKEN], 4),
+        # 5: a well-formed cursor this log cannot resume from (resync)
+        (["watch", "--after", AHEAD_CURSOR, "--limit", "1"], 5),
+        # 0
+        (["get", "run", "held"], 0),
+        (["session", "ls"], 0),
+    ],
+)
+def test_exit_codes_follow_one_table(
+    pg_dsn: str, schema: str, args: list[str], code: int
+) -> None:
+    claimed = run(pg_dsn, schema, "claim", "run", "held", "--owner", "host:a", "--ttl", "60")
+    assert claimed.returncode == 0, claimed.stderr
+    result = run(pg_dsn, schema, *args)
+    assert result.returncode == code, result.stderr
+    if code:  # one line on stderr (a held claim names the holder rather than an error)
+        assert result.stderr.startswith("pglease: ") and result.stderr.count("\n") == 1
+
+
+def test_a_schema_that_does_not_exist_is_exit_1_on_every_read(pg_dsn: str, schema: str) -> None:
+    # Not bad input to the command: the environment (--schema) is wrong, as an
+    # unreachable server is.
+    for args in (["ls"], ["session", "show", "x"], ["watch", "--limit", "1"]):
+        result = run(pg_dsn, f"{schema}_missing", *args)
+        assert result.returncode == 1, (args, result.stderr)
+        assert "has no pglease tables" in one_line_error(result)

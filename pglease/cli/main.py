@@ -1,7 +1,9 @@
 """The `pglease` command line: scriptable (``--json``), with meaningful exit codes.
 
-Exit codes: 0 success, 1 error, 2 usage or bad input, 3 held by another
-owner, 4 lease no longer current or revision stale.
+Exit codes (the same for every command; README "CLI"): 0 success, 1 error,
+2 usage or bad input (also an unknown resource, session or entry), 3 held by
+another owner, 4 lease no longer current or revision stale, 5 watch cursor
+cannot resume here, 75 lease lost while `hold`/`elect` ran the command.
 """
 
 from __future__ import annotations
@@ -411,7 +413,9 @@ def _run(args: argparse.Namespace) -> int:
     except (ValidationError, UnknownResourceError) as exc:
         return failed(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
-        return failed(str(exc), EXIT_ERROR)
+        # Naming something that does not exist (a session, an entry) is bad input,
+        # the same code as an unknown resource: every such class is a LookupError.
+        return failed(str(exc), EXIT_USAGE if isinstance(exc, LookupError) else EXIT_ERROR)
     except _UNMIGRATED as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return failed(
