@@ -23,6 +23,7 @@ from .. import _common, _instrument
 from ..driver.runtime_api import Leader, runtime
 from ..errors import PgleaseError
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
+from ..validation import check_apply
 
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
@@ -156,6 +157,7 @@ class AsyncLeaseStore(ABC, Generic[C, W]):
         pglease's own errors, trouble with a SQLite file. Never retried:
         `apply` runs once.
         """
+        check_apply(apply)
         op = _common.mutate_op(permit, event_type, payload, actor, now)
         return await self._driver.mutate(op, apply)
 
