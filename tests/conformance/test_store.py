@@ -552,3 +552,18 @@ def test_list_resources_shows_holders(backend: Backend) -> None:
     assert len(s.list_resources()) == 3
     with pytest.raises(InvalidResourceTypeError):
         s.list_resources("Bad")
+
+
+def test_every_timestamp_is_in_utc_with_one_tzinfo(backend: Backend, rid: str) -> None:
+    """`claim` and `get` (and the log) return the same instant with the same
+    tzinfo, `datetime.UTC`, on every backend and flavour."""
+    s = backend.store
+    claim = s.claim(rid, A, 30)
+    assert claim is not None
+    state = s.get(rid)
+    assert state.lease.expires_at == claim.expires_at
+    [event] = s.events(rid)
+    for when in (claim.expires_at, state.lease.expires_at, event.created_at):
+        assert when is not None and when.tzinfo is UTC
+    renewed = s.renew(claim, 30)
+    assert renewed.expires_at.tzinfo is UTC
