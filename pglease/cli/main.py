@@ -14,7 +14,7 @@ import difflib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import psycopg
 import psycopg.errors
@@ -280,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never apply migrations implicitly (read-only commands never do)",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Typed as plain ArgumentParser subparsers, which the command modules take;
+    # the parsers it makes are still `Parser`s (argparse uses the parent's class).
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND"),
+    )
 
     p = sub.add_parser(
         "migrate",
