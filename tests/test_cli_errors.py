@@ -133,15 +133,24 @@ AHEAD_CURSOR = f"{2**40}.1.aaaaaaaaaaaaaaaa"
         (["session", "ls"], 0),
     ],
 )
-def test_exit_codes_follow_one_table(
-    pg_dsn: str, schema: str, args: list[str], code: int
-) -> None:
+def test_exit_codes_follow_one_table(pg_dsn: str, schema: str, args: list[str], code: int) -> None:
     claimed = run(pg_dsn, schema, "claim", "run", "held", "--owner", "host:a", "--ttl", "60")
     assert claimed.returncode == 0, claimed.stderr
     result = run(pg_dsn, schema, *args)
     assert result.returncode == code, result.stderr
     if code:  # one line on stderr (a held claim names the holder rather than an error)
         assert result.stderr.startswith("pglease: ") and result.stderr.count("\n") == 1
+
+
+def test_a_held_claim_names_the_holder_and_a_zoned_expiry(pg_dsn: str, schema: str) -> None:
+    first = run(pg_dsn, schema, "--json", "claim", "run", "h", "--owner", "host:a", "--ttl", "60")
+    expires_at = json.loads(first.stdout)["expires_at"]
+    second = run(pg_dsn, schema, "claim", "run", "h", "--owner", "host:b", "--ttl", "60")
+    assert second.returncode == 3
+    assert second.stderr == (
+        f"pglease: run/h is held by host:a (generation 1) until {expires_at}\n"
+    )  # the ISO form every other output uses, with its zone
+    assert expires_at.endswith("+00:00")
 
 
 def test_a_schema_that_does_not_exist_is_exit_1_on_every_read(pg_dsn: str, schema: str) -> None:
