@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from .errors import MigrationError
+from .errors import MigrationError, SchemaNotMigratedError
 from .migration_files import (
     FunctionSet,
     Migration,
@@ -48,10 +48,12 @@ class MigrationState:
             work.append(self.functions.label)
         return ", ".join(work) or "nothing"
 
-    def not_migrated_error(self, reason: str) -> MigrationError:
-        return MigrationError(
-            f"schema {self.schema!r} needs {self.describe()} ({reason}); run"
-            f" `pglease --schema {self.schema} migrate` as the schema's owner"
+    def not_migrated_error(self, reason: str | None) -> SchemaNotMigratedError:
+        work = [m.label for m in self.pending]
+        if self.functions is not None:
+            work.append(self.functions.label)
+        return SchemaNotMigratedError(
+            self.schema, tuple(work), has_tables=bool(self.applied), reason=reason
         )
 
 

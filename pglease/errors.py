@@ -33,6 +33,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PgleaseError",
     "ResourceLeasedError",
+    "SchemaNotMigratedError",
     "StaleResourceError",
     "UnknownResourceError",
     "ValidationError",
@@ -162,6 +163,39 @@ class MigrationError(PgleaseError):
 
 class MigrationChecksumError(MigrationError):
     """An applied migration's file changed since it was applied."""
+
+
+class SchemaNotMigratedError(MigrationError):
+    """The schema lacks pglease's tables or is behind on migrations, and they were
+    not applied here (a read-only command, ``auto_migrate=False``, or a role that
+    may not apply them).
+
+    The message is one line naming the schema and the command to run; a schema
+    with no pglease tables at all is most often a typo in its name, so that is
+    said first. `.schema`, `.pending` (labels of the missing migrations and
+    function set, in order), `.has_tables` and `.reason` keep the detail.
+    """
+
+    def __init__(
+        self, schema: str, pending: tuple[str, ...], *, has_tables: bool, reason: str | None
+    ):
+        self.schema = schema
+        self.pending = pending
+        self.has_tables = has_tables
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
+        create = f"`pglease --schema {schema} migrate`"
+        if not has_tables:
+            message = (
+                f"schema {schema!r} has no pglease tables{why}: check the schema name"
+                f" (--schema, PGLEASE_SCHEMA), or create them with {create}"
+            )
+        else:
+            work = ", ".join(pending)
+            if len(pending) > 3:
+                work = f"{len(pending)} updates ({pending[0]} to {pending[-1]})"
+            message = f"schema {schema!r} needs {work}{why}; run {create} as the schema's owner"
+        super().__init__(message)
 
 
 class EmbeddedPostgresError(PgleaseError):

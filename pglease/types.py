@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from .errors import InvalidOwnerError
-from .validation import check_owner_id, check_owner_type
+from .validation import check_owner_id, check_owner_type, describe
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +28,9 @@ class Owner:
             raise InvalidOwnerError(f"owner must be TYPE:ID text, got {type(text).__name__}")
         owner_type, sep, owner_id = text.partition(":")
         if not sep:
-            check_owner_type("")  # raises InvalidOwnerError with the pattern
+            raise InvalidOwnerError(
+                f"owner {describe(text)} must be TYPE:ID (a type, a colon, an id), e.g. host:web-1"
+            )
         return cls(owner_type, owner_id)
 
     def __str__(self) -> str:

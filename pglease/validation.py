@@ -219,3 +219,23 @@ def check_schema_name(value: object) -> str:
             " own, e.g. 'pglease'"
         )
     return value
+
+
+def check_apply(apply: object) -> None:
+    """`apply` of a mutation: None or a callable. Checked before any I/O, so a
+    wrong argument never opens a transaction."""
+    if apply is not None and not callable(apply):
+        raise ValidationError(
+            "apply must be a callable taking the transaction's connection, or None;"
+            f" got {describe(apply)}"
+        )
+
+
+def utf8_encodable(value: str) -> bool:
+    """Whether `value` can be stored as UTF-8 text: false for a lone surrogate
+    (``"\\ud800"``), which Python strings allow and no database or file does."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

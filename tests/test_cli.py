@@ -111,13 +111,13 @@ def test_lease_lifecycle_with_exit_codes(pg_dsn: str, schema: str) -> None:
         (["claim", "run", "r1", "--owner", "host:a", "--ttl", "0"], 2, "ttl must be"),
         (["claim", "run", "r1", "--owner", "host:a", "--ttl", "nan"], 2, "ttl must be finite"),
         (["claim", "Run", "r1", "--owner", "host:a", "--ttl", "5"], 2, "resource type"),
-        (["claim", "run", "r1", "--owner", "nocolon", "--ttl", "5"], 2, "owner type"),
+        (["claim", "run", "r1", "--owner", "nocolon", "--ttl", "5"], 2, "must be TYPE:ID"),
         (
             ["renew", "run", "r1", "--owner", "host:a", "--token", "bad", "--ttl", "5"],
             2,
             "token is malformed",
         ),
-        (["bogus"], 2, "invalid choice"),
+        (["bogus"], 2, "unknown command 'bogus'"),
         (["claim", "run"], 2, "required"),
     ],
 )
@@ -127,6 +127,7 @@ def test_bad_input_exits_2_with_one_line(
     result = run(pg_dsn, schema, *args)
     assert result.returncode == code
     assert message in result.stderr
+    assert result.stderr.startswith("pglease: error: ") and result.stderr.count("\n") == 1
     assert result.stdout == ""
 
 

@@ -192,7 +192,7 @@ def test_status_of_a_missing_schema_is_one_error_line_and_creates_nothing(
     result = run(pg_dsn, schema, "status")
     assert result.returncode == 1
     one_error_line(result.stderr)
-    assert f"schema '{schema}' does not exist" in result.stderr
+    assert f"schema '{schema}' has no pglease tables" in result.stderr
 
 
 def test_status_sees_a_watchers_hub_connection(

@@ -355,3 +355,23 @@ def _current_claim(b: Backend, rid: str) -> Claim:
         raise AssertionError(f"lease held by {owner} outside the test's claims")
     _claims[key] = claim
     return claim
+
+
+@pytest.mark.parametrize("apply", [5, "UPDATE t SET x = 1", object()])
+def test_mutate_with_an_apply_that_is_not_callable_is_refused_before_any_io(
+    backend: Backend, apply: object
+) -> None:
+    s = backend.store
+    rid = s.ensure_resource("run", "apply")
+    claim = s.claim(rid, A, ttl=600)
+    assert claim is not None
+    before = snapshot(backend, rid)
+    permit = Permit(rid, before[0], claim)
+    with pytest.raises(ValidationError, match=r"^apply must be a callable .* got "):
+        s.mutate(permit, "run.x", apply=apply)  # type: ignore[arg-type]
+    assert snapshot(backend, rid) == before
+    # Refused before the store is used at all: a closed store says the same,
+    # not StoreClosedError (no connection was asked for, no transaction begun).
+    s.close()
+    with pytest.raises(ValidationError, match=r"^apply must be a callable"):
+        s.mutate(permit, "run.x", apply=apply)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,20 @@ async def test_async_claim_cancelled_in_flight_is_cancelled_on_the_server(
         claim = await store.claim(rid, Owner("host", "b"), 30)
         assert claim is not None and claim.owner == Owner("host", "b")
         assert await store.release(claim) == claim.revision + 1
+
+
+def test_timestamps_are_utc_whatever_the_servers_timezone(pg_dsn: str, schema: str) -> None:
+    # A session TimeZone far from UTC: psycopg would read timestamptz values in it.
+    dsn = pg_dsn + ("&" if "?" in pg_dsn else "?") + "options=-c%20TimeZone%3DAsia/Tokyo"
+    with PostgresStore(dsn, schema=schema) as store:
+        with store.connection() as conn:
+            assert conn.execute("SHOW TimeZone").fetchone() == ("Asia/Tokyo",)
+        rid = store.ensure_resource("run", "tz")
+        claim = store.claim(rid, Owner("host", "a"), 30)
+        assert claim is not None
+        state = store.get(rid)
+        assert state.lease.expires_at == claim.expires_at
+        assert state.lease.expires_at is not None and state.lease.expires_at.tzinfo is UTC
+        assert claim.expires_at.tzinfo is UTC
+        assert store.events(rid)[0].created_at.tzinfo is UTC
+        assert all(e.created_at.tzinfo is UTC for e in store.events_after())

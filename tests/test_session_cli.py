@@ -95,6 +95,26 @@ def test_ls_and_show(repo: PostgresSessionRepository, pg_dsn: str, schema: str) 
     assert text.returncode == 0 and "lane side" in text.stdout and "writer: -" in text.stdout
 
 
+def test_human_output_has_no_python_reprs_and_zoned_times(
+    repo: PostgresSessionRepository, pg_dsn: str, schema: str
+) -> None:
+    shown = run_json(pg_dsn, schema, "show", "src")
+    text = run(pg_dsn, schema, "show", "src")
+    assert text.returncode == 0, text.stderr
+    lines = dict(line.split(": ", 1) for line in text.stdout.splitlines())
+    # Structures print as JSON (what --json prints), none as "-": never {'k': v} or None.
+    assert json.loads(lines["usage"]) == shown["usage"]
+    assert json.loads(lines["facts"]) == shown["facts"]
+    assert json.loads(lines["entry_types"]) == shown["entry_types"]
+    assert json.loads(lines["lane side"]) == shown["lanes"]["side"]
+    assert lines["parent_session_id"] == "-"
+    assert "None" not in text.stdout and "'" not in text.stdout
+    assert lines["created"] == shown["created"] and shown["created"].endswith("+00:00")
+    listed = run(pg_dsn, schema, "ls").stdout.splitlines()
+    [row] = [line for line in listed if line.startswith("src ")]
+    assert shown["created"] in row.split()  # with its zone, not cut at 26 characters
+
+
 def test_fork_export_import_round_trip(
     repo: PostgresSessionRepository, pg_dsn: str, schema: str, tmp_path: Path
 ) -> None:
@@ -152,15 +172,15 @@ def test_fork_export_import_round_trip(
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["show", "missing"], 1, "does not exist"),
+        (["show", "missing"], 2, "does not exist"),
         (["show", "../bad"], 2, "session id"),
-        (["fork", "src", "--to", "{tmp}", "--entry", "nope"], 1, "does not exist"),
+        (["fork", "src", "--to", "{tmp}", "--entry", "nope"], 2, "does not exist"),
         # a refused fork creates no directory (a good one creates it on demand)
-        (["fork", "missing", "--to", "{tmp}/absent"], 1, "does not exist"),
+        (["fork", "missing", "--to", "{tmp}/absent"], 2, "does not exist"),
         (["fork", "src", "--to", "{tmp}", "--scope", "tree", "--entry", "a"], 2, "branch scope"),
         (["fork", "src", "--to", "{tmp}", "--scope", "leaf"], 2, "invalid choice"),
-        (["export", "missing", "--to", "{tmp}"], 1, "does not exist"),
-        (["import", "{tmp}/none.sqlite"], 1, "does not exist"),
+        (["export", "missing", "--to", "{tmp}"], 2, "does not exist"),
+        (["import", "{tmp}/none.sqlite"], 2, "does not exist"),
         (["import", "{tmp}/garbage.sqlite"], 1, "not a usable database"),
         (["import", "{tmp}/notes.txt"], 2, ".sqlite"),
         (["fork"], 2, "required"),

@@ -363,6 +363,25 @@ async def test_labels_name_custom_and_raw_registers(flavour: Flavour) -> None:
         await w(s.set_name(None))
     with pytest.raises(InvalidSessionWriteError, match="not JSON serialisable"):
         await w(s.set_custom("k", {1, 2}))
+    # A lone surrogate cannot be stored as UTF-8, and a value nested past the
+    # recursion limit cannot be serialised: both refused as bad input, not as a
+    # UnicodeEncodeError or RecursionError from deep inside.
+    lone = "\ud800"
+    with pytest.raises(InvalidSessionWriteError, match=r"^lane name must be a non-empty UTF-8"):
+        await w(s.add_lane(lone, {}))
+    with pytest.raises(InvalidSessionWriteError, match=r"^entry id must be a non-empty UTF-8"):
+        await w(s.set_label(lone, "x"))
+    with pytest.raises(InvalidSessionWriteError, match=r"^a label must be a non-empty UTF-8"):
+        await w(s.set_label(a.id, lone))
+    with pytest.raises(InvalidSessionWriteError, match=r"^register key must be a UTF-8"):
+        await w(s.set_custom(lone, 1))
+    nested: object = {}
+    for _ in range(100_000):
+        nested = {"a": nested}
+    with pytest.raises(InvalidSessionWriteError, match=r"^a session name must be a string, got"):
+        await w(s.set_name(nested))  # type: ignore[arg-type]
+    with pytest.raises(InvalidSessionWriteError, match="nested too deeply"):
+        await w(s.set_custom("k", nested))
     assert await w(s.handle.stats()) == before
 
     # a label some other writer stored as a non-string is reported, not guessed at

@@ -651,7 +651,7 @@ def test_listing_reports_leftovers_without_removing_them(
     out = run_json(pg_dsn, schema, "ls", "--dir", str(tmp_path))
     assert [p["id"] for p in out["problems"]] == ["crashed"] and stale.exists()
     done = run(pg_dsn, schema, "ls", "--dir", str(tmp_path / "missing"))
-    assert done.returncode == 1 and "does not exist" in done.stderr
+    assert done.returncode == 2 and "does not exist" in done.stderr
     assert not (tmp_path / "missing").exists()
 
 

@@ -141,9 +141,10 @@ def cmd_claim(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             else:
+                until = "-" if holder.expires_at is None else holder.expires_at.isoformat()
                 print(
                     f"pglease: {args.type}/{args.key} is held by {holder.owner} (generation "
-                    f"{holder.generation}) until {holder.expires_at}",
+                    f"{holder.generation}) until {until}",
                     file=sys.stderr,
                 )
             return EXIT_HELD

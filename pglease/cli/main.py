@@ -1,16 +1,20 @@
 """The `pglease` command line: scriptable (``--json``), with meaningful exit codes.
 
-Exit codes: 0 success, 1 error, 2 usage or bad input, 3 held by another
-owner, 4 lease no longer current or revision stale.
+Exit codes (the same for every command; README "CLI"): 0 success, 1 error,
+2 usage or bad input (also an unknown resource, session or entry), 3 held by
+another owner, 4 lease no longer current or revision stale, 5 watch cursor
+cannot resume here, 75 lease lost while `hold`/`elect` ran the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn, cast
 
 import psycopg
 import psycopg.errors
@@ -47,6 +51,78 @@ from .support import (
     read_token,
     resolve_connection,
 )
+
+#: Namespace attribute naming the (sub)parser whose arguments were left unrecognized.
+_LEFTOVER_PARSER = "_pglease_leftover_parser"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors that suggest the close match.
+
+    A usage error prints ``pglease: error: MESSAGE (try 'pglease CMD --help')``
+    on stderr and exits 2, without argparse's multi-line usage block; a
+    misspelt option or command names the one that was probably meant.
+    ``--help`` is unchanged.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Print the error as one line and exit 2 (the usage error code)."""
+        one_line = " ".join(message.split())
+        self.exit(EXIT_USAGE, f"pglease: error: {one_line} (try '{self.prog} --help')\n")
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        # A subcommand's leftovers reach the top parser, which no longer knows
+        # whose options they missed: the innermost parser records itself first.
+        if extras and not hasattr(parsed, _LEFTOVER_PARSER):
+            setattr(parsed, _LEFTOVER_PARSER, self)
+        return parsed, extras
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        owner = getattr(parsed, _LEFTOVER_PARSER, self)
+        if hasattr(parsed, _LEFTOVER_PARSER):
+            delattr(parsed, _LEFTOVER_PARSER)
+        if extras:
+            owner.error(_unrecognized(owner, extras))
+        return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = [str(c) for c in choices]
+        close = difflib.get_close_matches(str(value), names, n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        if isinstance(action, argparse._SubParsersAction):
+            # The --help hint error() adds lists the commands.
+            raise argparse.ArgumentError(None, f"unknown command {value!r}{guess}")
+        if not guess:
+            guess = " (choose from " + ", ".join(map(repr, names)) + ")"
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r}{guess}")
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """'unrecognized argument --ownr (did you mean --owner?)', for each leftover."""
+    options = [s for a in parser._actions for s in a.option_strings if a.help != argparse.SUPPRESS]
+    options += [s for a in parser._actions for s in a.option_strings if s not in options]
+    guesses: dict[str, str] = {}
+    for extra in extras:
+        word = extra.partition("=")[0]
+        if word.startswith("-") and (close := difflib.get_close_matches(word, options, n=1)):
+            guesses[word] = close[0]
+    noun = "argument" if len(extras) == 1 else "arguments"
+    message = f"unrecognized {noun}: {' '.join(extras)}"
+    if len(guesses) == 1:
+        return f"{message} (did you mean {next(iter(guesses.values()))}?)"
+    if guesses:
+        pairs = ", ".join(f"{right} for {wrong}" for wrong, right in guesses.items())
+        return f"{message} (did you mean {pairs}?)"
+    return message
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -177,7 +253,7 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pglease", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
@@ -204,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="never apply migrations implicitly (read-only commands never do)",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Typed as plain ArgumentParser subparsers, which the command modules take;
+    # the parsers it makes are still `Parser`s (argparse uses the parent's class).
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND"),
+    )
 
     p = sub.add_parser(
         "migrate",
@@ -338,7 +419,9 @@ def _run(args: argparse.Namespace) -> int:
     except (ValidationError, UnknownResourceError) as exc:
         return failed(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
-        return failed(str(exc), EXIT_ERROR)
+        # Naming something that does not exist (a session, an entry) is bad input,
+        # the same code as an unknown resource: every such class is a LookupError.
+        return failed(str(exc), EXIT_USAGE if isinstance(exc, LookupError) else EXIT_ERROR)
     except _UNMIGRATED as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return failed(

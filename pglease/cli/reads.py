@@ -15,7 +15,6 @@ from psycopg import sql
 
 from ..dsn import redact_dsn
 from ..errors import (
-    MigrationError,
     UnknownResourceError,
 )
 from ..ids import resource_id
@@ -241,10 +240,7 @@ def _status(conn: psycopg.Connection[Any], schema: str, within: float) -> dict[s
 
     state = migration_state(conn, schema)
     if not state.schema_exists:
-        raise MigrationError(
-            f"schema {schema!r} does not exist; run `pglease --schema {schema} migrate`"
-            " as the schema's owner"
-        )
+        raise state.not_migrated_error(None)
     s = sql.Identifier(schema)
     version, now = conn.execute(
         "SELECT current_setting('server_version'), clock_timestamp()"

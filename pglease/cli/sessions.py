@@ -8,13 +8,14 @@ a new PostgreSQL session whose parent is the file's session.
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 from ..sessions.model import SessionInfo, SessionSnapshot, lane_names
 from ..sessions.postgres import PostgresSessionRepository
 from ..sessions.repository import SessionListing, SessionRepository, read_session_file
-from .support import EXIT_OK, open_store, print_json
+from .support import EXIT_OK, open_store, print_json, to_jsonable
 
 
 def _when(ms: int | None) -> str | None:
@@ -58,10 +59,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"sessions": rows, "problems": problems})
         return EXIT_OK
-    print(f"{'ID':<38} {'CREATED':<26} {'MSGS':>6} {'NEXT':>7} {'PARENT':<38} HOLDER")
+    # CREATED keeps its zone (+00:00), as every timestamp the CLI prints.
+    print(f"{'ID':<38} {'CREATED':<32} {'MSGS':>6} {'NEXT':>7} {'PARENT':<38} HOLDER")
     for r in rows:
         print(
-            f"{r['id']:<38} {r['created'][:26]:<26} {r['message_count']:>6} {r['next_seq']:>7}"
+            f"{r['id']:<38} {r['created']:<32} {r['message_count']:>6} {r['next_seq']:>7}"
             f" {r['parent_session_id'] or '-':<38} {r['holder'] or '-'}"
         )
     for p in problems:
@@ -110,9 +112,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json(view)
         return EXIT_OK
     for key in ("id", "created", "parent_session_id", "message_count", "entry_count", "next_seq"):
-        print(f"{key}: {view[key]}")
-    print(f"entry_types: {view['entry_types']}")
-    print(f"usage: {view['usage']}")
+        print(f"{key}: {_text(view[key])}")
+    print(f"entry_types: {_text(view['entry_types'])}")
+    print(f"usage: {_text(view['usage'])}")
     holder = view["holder"]
     print(
         "writer: -"
@@ -120,9 +122,19 @@ def cmd_show(args: argparse.Namespace) -> int:
         else f"writer: {holder} (generation {view['generation']}, until {view['lease_expires_at']})"
     )
     for lane, lane_view in view["lanes"].items():
-        print(f"lane {lane}: {lane_view}")
-    print(f"facts: {view['facts']}")
+        print(f"lane {lane}: {_text(lane_view)}")
+    print(f"facts: {_text(view['facts'])}")
     return EXIT_OK
+
+
+def _text(value: Any) -> str:
+    """A value for the human output: "-" for none, JSON for structures (never a
+    Python repr such as ``{'input': 0}`` or ``None``), plain text otherwise."""
+    if value is None:
+        return "-"
+    if isinstance(value, str | int | float):
+        return str(value)
+    return json.dumps(to_jsonable(value), sort_keys=True, ensure_ascii=False)
 
 
 def _print_written(args: argparse.Namespace, result: dict[str, Any]) -> None:

@@ -13,7 +13,7 @@ import psycopg
 from psycopg import sql
 
 from ..durations import duration_arg
-from ..errors import CursorExpiredError, PgleaseError, ValidationError
+from ..errors import CursorExpiredError, ForeignCursorError, PgleaseError, ValidationError
 from ..types import Event, Owner
 from ..watch._core import check_interval
 from ..watch.prune import DEFAULT_CHUNK, check_chunk, prune
@@ -21,7 +21,10 @@ from ..watch.reaper import Reaper, reap_once
 from ..watch.watcher import Watcher
 from .support import EXIT_OK, EXIT_USAGE, fail, open_store, print_json, sigterm_as_interrupt
 
-#: Exit code when the cursor is older than the prune horizon.
+#: Exit code when the cursor cannot be resumed from in this log: older than the
+#: prune horizon, or not a position in it (ahead of its end, another history).
+#: A well-formed cursor that names a state the log no longer (or never) had is a
+#: resync, not a usage error; a malformed cursor is bad input (2).
 EXIT_CURSOR_EXPIRED = 5
 
 
@@ -172,7 +175,7 @@ def _watch(args: argparse.Namespace) -> int:
         if watcher is not None:
             print(f"cursor: {watcher.cursor}", file=sys.stderr, flush=True)
         return EXIT_OK
-    except CursorExpiredError as exc:
+    except (CursorExpiredError, ForeignCursorError) as exc:
         return fail(str(exc), EXIT_CURSOR_EXPIRED)
     except ValidationError as exc:
         return fail(str(exc), EXIT_USAGE)

@@ -11,9 +11,13 @@ import logging
 import math
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+import psycopg.adapt
+from psycopg.abc import Buffer
+from psycopg.types.datetime import TimestamptzBinaryLoader, TimestamptzLoader
 from psycopg_pool import PoolClosed, PoolTimeout
 
 # Backend-neutral row parsing lives in `pglease._common`; the drivers call it from here.
@@ -149,7 +153,10 @@ def _detail(exc: BaseException, dsn: str | None = None) -> str:
 def require_migrated(state: MigrationState) -> None:
     """Refuse to open a store on a schema with pending work (auto_migrate=False)."""
     if not state.up_to_date:
-        raise state.not_migrated_error("the store was opened without auto_migrate")
+        # A schema with no pglease tables is most often a typo in its name: the
+        # error says so, and how to create them; auto_migrate is beside the point.
+        reason = "the store was opened without auto_migrate" if state.applied else None
+        raise state.not_migrated_error(reason)
 
 
 def translate(exc: psycopg.Error, limits: Limits | None = None) -> PgleaseError | None:
@@ -291,14 +298,39 @@ def pooler_local_limits(store: object) -> bytes | None:
     return limits.local_config
 
 
+class _UtcTimestamptzLoader(TimestamptzLoader):
+    def load(self, data: Buffer) -> datetime:
+        return super().load(data).astimezone(UTC)
+
+
+class _UtcTimestamptzBinaryLoader(TimestamptzBinaryLoader):
+    def load(self, data: Buffer) -> datetime:
+        return super().load(data).astimezone(UTC)
+
+
+#: psycopg's adapters, except that a timestamptz is read as a datetime in
+#: `datetime.UTC`, whatever the server's TimeZone: psycopg would give a
+#: ZoneInfo of that setting, so the same instant read by `get` and returned by
+#: `claim` (built from integer microseconds, in UTC) had different tzinfo
+#: objects, and another server's setting showed through.
+UTC_ADAPTERS = psycopg.adapt.AdaptersMap(psycopg.adapters)
+UTC_ADAPTERS.register_loader("timestamptz", _UtcTimestamptzLoader)
+UTC_ADAPTERS.register_loader("timestamptz", _UtcTimestamptzBinaryLoader)
+
+
 def connect_kwargs(schema: str, pooler: bool = False) -> dict[str, Any]:
     """Connection options of every store connection.
 
     `fallback_application_name` names the store in pg_stat_activity unless the
     DSN or PGAPPNAME already gives an application_name. In pooler mode psycopg
     never prepares statements (`prepare_threshold=None`): a named statement lives
-    on one server connection and the pooler hands out another one next time."""
-    kwargs: dict[str, Any] = {"autocommit": True, "fallback_application_name": f"pglease-{schema}"}
+    on one server connection and the pooler hands out another one next time.
+    Timestamps are read in UTC (`UTC_ADAPTERS`)."""
+    kwargs: dict[str, Any] = {
+        "autocommit": True,
+        "fallback_application_name": f"pglease-{schema}",
+        "context": UTC_ADAPTERS,
+    }
     if pooler:
         kwargs["prepare_threshold"] = None
     return kwargs

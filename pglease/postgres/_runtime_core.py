@@ -156,6 +156,7 @@ def _connect_kwargs(connect_timeout: float, schema: str, pooler: bool = False) -
         "keepalives_interval": 2,
         "keepalives_count": 3,
         "tcp_user_timeout": STATEMENT_TIMEOUT_MS,
+        "context": _core.UTC_ADAPTERS,  # timestamps in UTC, as the store reads them
     }
     if pooler:
         kwargs["prepare_threshold"] = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..validation import describe, utf8_encodable
 from .errors import InvalidSessionWriteError, SessionCorruptError
 from .model import Entry, Register, SessionSnapshot, empty_usage, sum_usage
 from .schema import MAIN_LANE
@@ -35,14 +36,18 @@ IDLE_LANE_STATE: dict[str, Any] = {"currentOperationId": None, "pendingNextRun":
 
 def check_lane(lane: object) -> str:
     """A lane name is a non-empty string without NUL (it is a register key)."""
-    if not isinstance(lane, str) or lane == "" or "\x00" in lane:
-        raise InvalidSessionWriteError(f"lane name must be a non-empty string, got {lane!r}")
+    if not isinstance(lane, str) or lane == "" or "\x00" in lane or not utf8_encodable(lane):
+        raise InvalidSessionWriteError(
+            f"lane name must be a non-empty UTF-8 string without NUL, got {describe(lane)}"
+        )
     return lane
 
 
 def check_label(label: object) -> str:
-    if not isinstance(label, str) or label == "" or "\x00" in label:
-        raise InvalidSessionWriteError(f"a label must be a non-empty string, got {label!r}")
+    if not isinstance(label, str) or label == "" or "\x00" in label or not utf8_encodable(label):
+        raise InvalidSessionWriteError(
+            f"a label must be a non-empty UTF-8 string without NUL, got {describe(label)}"
+        )
     return label
 
 

@@ -29,6 +29,8 @@ def dump_json(value: Any, what: str = "value") -> str:
         text.encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidSessionWriteError(f"{what} is not JSON serialisable: {exc}") from None
+    except RecursionError:
+        raise InvalidSessionWriteError(f"{what} is nested too deeply to store as JSON") from None
     return text
 
 

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from ..validation import describe
 from .errors import InvalidSessionWriteError, LaneValidationError, UnknownEntryError
 from .fork import ForkPosition, ForkScope, plan_fork
 from .ids import uuid7
@@ -53,6 +54,7 @@ from .model import (
 )
 from .protocol import SessionBackend, SessionHandle
 from .schema import MAIN_LANE
+from .writes import check_id
 
 
 class Session:
@@ -208,7 +210,7 @@ class Session:
 
     def set_name(self, name: str) -> None:
         if not isinstance(name, str):
-            raise InvalidSessionWriteError(f"a session name must be a string, got {name!r}")
+            raise InvalidSessionWriteError(f"a session name must be a string, got {describe(name)}")
         self._handle.commit([SetRegister(FACT_NAME, "", name)])
 
     def labels(self) -> dict[str, str]:
@@ -313,8 +315,7 @@ class Session:
         return None if register is None else register.value
 
     def _require_entry(self, entry_id: str) -> None:
-        if not isinstance(entry_id, str) or entry_id == "":
-            raise InvalidSessionWriteError(f"entry id must be a non-empty string, got {entry_id!r}")
+        check_id(entry_id, "entry id")
         if self._handle.get_entry(entry_id) is None:
             raise UnknownEntryError(f"entry {entry_id!r} does not exist in session {self.id}")
 

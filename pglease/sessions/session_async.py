@@ -20,6 +20,7 @@ import asyncio  # sync: import threading
 from collections.abc import Mapping
 from typing import Any
 
+from ..validation import describe
 from .errors import InvalidSessionWriteError, LaneValidationError, UnknownEntryError
 from .fork import ForkPosition, ForkScope, plan_fork
 from .ids import uuid7
@@ -52,6 +53,7 @@ from .model import (
 )
 from .protocol import AsyncSessionBackend, AsyncSessionHandle
 from .schema import MAIN_LANE
+from .writes import check_id
 
 
 class AsyncSession:
@@ -207,7 +209,7 @@ class AsyncSession:
 
     async def set_name(self, name: str) -> None:
         if not isinstance(name, str):
-            raise InvalidSessionWriteError(f"a session name must be a string, got {name!r}")
+            raise InvalidSessionWriteError(f"a session name must be a string, got {describe(name)}")
         await self._handle.commit([SetRegister(FACT_NAME, "", name)])
 
     async def labels(self) -> dict[str, str]:
@@ -312,8 +314,7 @@ class AsyncSession:
         return None if register is None else register.value
 
     async def _require_entry(self, entry_id: str) -> None:
-        if not isinstance(entry_id, str) or entry_id == "":
-            raise InvalidSessionWriteError(f"entry id must be a non-empty string, got {entry_id!r}")
+        check_id(entry_id, "entry id")
         if await self._handle.get_entry(entry_id) is None:
             raise UnknownEntryError(f"entry {entry_id!r} does not exist in session {self.id}")
 

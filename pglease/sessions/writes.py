@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..validation import describe, utf8_encodable
 from .errors import InvalidSessionWriteError
 from .model import (
     AddUsage,
@@ -23,14 +24,23 @@ from .model import (
 
 
 def check_id(value: object, what: str) -> str:
-    if not isinstance(value, str) or value == "" or "\x00" in value:
-        raise InvalidSessionWriteError(f"{what} must be a non-empty string, got {value!r}")
+    if not isinstance(value, str) or value == "" or "\x00" in value or not utf8_encodable(value):
+        raise InvalidSessionWriteError(
+            f"{what} must be a non-empty UTF-8 string without NUL, got {describe(value)}"
+        )
     return value
 
 
 def check_text(value: object, what: str, *, allow_empty: bool) -> str:
-    if not isinstance(value, str) or (value == "" and not allow_empty) or "\x00" in value:
-        raise InvalidSessionWriteError(f"{what} must be a string without NUL, got {value!r}")
+    if (
+        not isinstance(value, str)
+        or (value == "" and not allow_empty)
+        or "\x00" in value
+        or not utf8_encodable(value)
+    ):
+        raise InvalidSessionWriteError(
+            f"{what} must be a UTF-8 string without NUL, got {describe(value)}"
+        )
     return value
 
 

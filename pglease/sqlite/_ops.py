@@ -125,9 +125,20 @@ def _check_current(
         or lease.generation != generation
         or not hmac.compare_digest(lease.token_sha256, token_sha256)
     ):
+        # Same wording as _check_current in sql/functions/10_core.sql.
+        if lease.generation > generation:
+            why = f"superseded by generation {lease.generation}"
+        elif lease.generation < generation:
+            why = f"there is no such generation yet (current generation {lease.generation})"
+        elif lease.owner_id is None:
+            why = "it was released"
+        elif lease.owner_type != owner_type or lease.owner_id != owner_id:
+            why = f"the owner does not match (it is held by {lease.owner_type}:{lease.owner_id})"
+        else:
+            why = "the token does not match the holder's"
         raise LeaseLostError(
             f"lease generation {generation} of {owner_type}:{owner_id} on {lease.resource_id}"
-            f" is no longer current (current generation {lease.generation})"
+            f" is no longer current: {why}"
         )
 
 

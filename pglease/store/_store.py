@@ -24,6 +24,7 @@ from .. import _common, _instrument
 from ..driver.runtime_api import Leader, runtime
 from ..errors import PgleaseError
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
+from ..validation import check_apply
 
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
@@ -150,6 +151,7 @@ class LeaseStore(ABC, Generic[C, W]):
         server ends a transaction still open just past the expiry (both
         `LeaseExpiredError`, nothing committed).
         """
+        check_apply(apply)
         op = _common.mutate_op(permit, event_type, payload, actor, now)
         return self._driver.mutate(op, apply)
 

@@ -23,6 +23,7 @@ from .. import _common, _instrument
 from ..driver.runtime_api import Leader, runtime
 from ..errors import PgleaseError
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
+from ..validation import check_apply
 
 if TYPE_CHECKING:
     from .._watch_common import HubTuning
@@ -159,6 +160,7 @@ class AsyncLeaseStore(ABC, Generic[C, W]):
         server ends a transaction still open just past the expiry (both
         `LeaseExpiredError`, nothing committed).
         """
+        check_apply(apply)
         op = _common.mutate_op(permit, event_type, payload, actor, now)
         return await self._driver.mutate(op, apply)
 

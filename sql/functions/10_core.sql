@@ -172,11 +172,25 @@ CREATE OR REPLACE FUNCTION @schema@._check_current(
     p_token_sha256 bytea)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_why text;
 BEGIN
     IF l.owner_id IS NULL OR l.owner_type <> p_owner_type OR l.owner_id <> p_owner_id
        OR l.generation <> p_generation OR l.token_sha256 <> p_token_sha256 THEN
-        RAISE EXCEPTION 'lease generation % of %:% on % is no longer current (current generation %)',
-            p_generation, p_owner_type, p_owner_id, l.resource_id, l.generation
+        -- Name the reason: a caller with a wrong token or owner must not be
+        -- told its generation was superseded when it is the current one.
+        -- Same wording as the SQLite store (pglease/sqlite/_ops.py).
+        v_why := CASE
+            WHEN l.generation > p_generation THEN
+                format('superseded by generation %s', l.generation)
+            WHEN l.generation < p_generation THEN
+                format('there is no such generation yet (current generation %s)', l.generation)
+            WHEN l.owner_id IS NULL THEN 'it was released'
+            WHEN l.owner_type <> p_owner_type OR l.owner_id <> p_owner_id THEN
+                format('the owner does not match (it is held by %s:%s)', l.owner_type, l.owner_id)
+            ELSE 'the token does not match the holder''s' END;
+        RAISE EXCEPTION 'lease generation % of %:% on % is no longer current: %',
+            p_generation, p_owner_type, p_owner_id, l.resource_id, v_why
             USING ERRCODE = 'PGL03';
     END IF;
 END $$;
@@ -418,7 +432,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz;
-    v_generation bigint;
+    l @schema@.leases%ROWTYPE;
     v_rev bigint;
     v_prev xid8;
 BEGIN
@@ -444,14 +458,15 @@ BEGIN
        AND x.owner_id = p_owner_id AND x.generation = p_generation
        AND x.token_sha256 = p_token_sha256;
     IF NOT FOUND THEN
-        SELECT x.generation INTO v_generation FROM @schema@.leases x
-         WHERE x.resource_id = p_resource;
+        SELECT * INTO l FROM @schema@.leases x WHERE x.resource_id = p_resource;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'unknown resource %', p_resource USING ERRCODE = 'PGL01';
         END IF;
-        RAISE EXCEPTION 'lease generation % of %:% on % is no longer current (current generation %)',
-            p_generation, p_owner_type, p_owner_id, p_resource, v_generation
-            USING ERRCODE = 'PGL03';
+        -- Raises PGL03 naming why (the UPDATE matched no row, so it differs).
+        PERFORM @schema@._check_current(l, p_owner_type, p_owner_id, p_generation,
+                                        p_token_sha256);
+        RAISE EXCEPTION 'lease generation % of %:% on % is no longer current',
+            p_generation, p_owner_type, p_owner_id, p_resource USING ERRCODE = 'PGL03';
     END IF;
     IF p_expected_revision IS NOT NULL THEN
         -- Under the queue lock and the row lock no one else bumps the revision.

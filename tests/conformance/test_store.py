@@ -172,11 +172,12 @@ def test_takeover_after_expiry_fences_the_stale_owner(backend: Backend, rid: str
     # Revision 2 is the old generation's `lease.expired`, written by the takeover.
     assert new is not None and new.generation == 2 and new.revision == 3
     before = snapshot(backend, rid)
-    with pytest.raises(LeaseLostError):
+    superseded = "is no longer current: superseded by generation 2$"
+    with pytest.raises(LeaseLostError, match=superseded):
         s.renew(old, 10, now=at(11))
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError, match=superseded):
         s.release(old, now=at(11))
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError, match=superseded):
         s.mutate(Permit(rid, new.revision, old), "run.step", now=at(11))
     assert snapshot(backend, rid) == before
     assert s.get(rid, now=at(11)).lease.owner == B
@@ -262,15 +263,26 @@ def test_wrong_token_is_not_current(backend: Backend, rid: str) -> None:
     assert claim is not None
     forged = replace(claim, token="B" * 43 if claim.token != "B" * 43 else "C" * 43)
     before = snapshot(backend, rid)
-    with pytest.raises(LeaseLostError):
+    # The message names the real reason, the same on both backends.
+    token = "is no longer current: the token does not match the holder's$"
+    with pytest.raises(LeaseLostError, match=f"^lease generation 1 of host:a on {rid} {token}"):
         s.renew(forged, 30)
-    with pytest.raises(LeaseLostError):
+    with pytest.raises(LeaseLostError, match=token):
         s.release(forged)
-    with pytest.raises(LeaseLostError):
+    owner = r"of host:b on .* the owner does not match \(it is held by host:a\)$"
+    with pytest.raises(LeaseLostError, match=owner):
+        s.renew(replace(claim, owner=B), 30)
+    with pytest.raises(LeaseLostError, match=owner):
         s.release(replace(claim, owner=B))
-    with pytest.raises(LeaseLostError):
+    ahead = r"there is no such generation yet \(current generation 1\)$"
+    with pytest.raises(LeaseLostError, match=ahead):
         s.release(replace(claim, generation=2))
     assert snapshot(backend, rid) == before
+    assert s.release(claim) is not None
+    with pytest.raises(LeaseLostError, match=r"is no longer current: it was released$"):
+        s.release(claim)
+    with pytest.raises(LeaseLostError, match=r"is no longer current: it was released$"):
+        s.renew(claim, 30)
 
 
 @pytest.mark.parametrize("token", ["", "short", "x" * 44, "!" * 43, None])
@@ -540,3 +552,18 @@ def test_list_resources_shows_holders(backend: Backend) -> None:
     assert len(s.list_resources()) == 3
     with pytest.raises(InvalidResourceTypeError):
         s.list_resources("Bad")
+
+
+def test_every_timestamp_is_in_utc_with_one_tzinfo(backend: Backend, rid: str) -> None:
+    """`claim` and `get` (and the log) return the same instant with the same
+    tzinfo, `datetime.UTC`, on every backend and flavour."""
+    s = backend.store
+    claim = s.claim(rid, A, 30)
+    assert claim is not None
+    state = s.get(rid)
+    assert state.lease.expires_at == claim.expires_at
+    [event] = s.events(rid)
+    for when in (claim.expires_at, state.lease.expires_at, event.created_at):
+        assert when is not None and when.tzinfo is UTC
+    renewed = s.renew(claim, 30)
+    assert renewed.expires_at.tzinfo is UTC
