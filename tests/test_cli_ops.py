@@ -122,7 +122,7 @@ def test_get_of_an_unknown_resource_exits_2_and_creates_nothing(
 
 def test_get_on_a_typod_schema_creates_no_schema(pg_dsn: str, schema: str) -> None:
     result = run(pg_dsn, schema, "get", "run", "r1")
-    assert result.returncode == 1
+    assert result.returncode == 2
     one_error_line(result.stderr)
     with psycopg.connect(pg_dsn) as conn:
         row = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", [schema])
@@ -190,7 +190,7 @@ def test_status_of_a_missing_schema_is_one_error_line_and_creates_nothing(
     pg_dsn: str, schema: str
 ) -> None:
     result = run(pg_dsn, schema, "status")
-    assert result.returncode == 1
+    assert result.returncode == 2
     one_error_line(result.stderr)
     assert f"schema '{schema}' has no pglease tables" in result.stderr
 

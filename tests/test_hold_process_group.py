@@ -4,9 +4,10 @@ Real processes: a shell's background jobs (grandchildren of the runner), a
 pipeline, members that ignore SIGTERM. The processes are found by walking
 the runner's descendants in /proc once they are up, so a member that the
 runner never signals is still watched. The rival claims in a loop and looks
-at the processes right before each attempt: when a claim succeeds, the look
-before it must have found every one of them dead (processes do not come
-back), which is the guarantee in order, without any timing assumption.
+at the processes right after its claim is granted: the grant comes after the
+runner's release, which comes after the group is gone, so every one of them
+must be dead by then (processes do not come back), without any timing
+assumption.
 """
 
 from __future__ import annotations
@@ -101,12 +102,18 @@ def _hold(store: PostgresStore, command: str, *extra: str) -> subprocess.Popen[s
 
 
 def _rival_claims(store: PostgresStore, rid: str, pids: list[int]) -> Claim:
-    """Claim as soon as the database allows; every process must be dead by then."""
+    """Claim as soon as the database allows; every process must be dead by then.
+
+    Looked at right after the grant: the runner releases only once the group is
+    gone and the grant comes after that release, so a process seen alive here
+    (processes do not come back) ran while the rival held the lease. A look
+    before the attempt would race with the group dying in between.
+    """
     end = time.monotonic() + DEADLINE
     while time.monotonic() < end:
-        running = [pid for pid in pids if _running(pid)]
         claim = store.claim(rid, RIVAL, 60)
         if claim is not None:
+            running = [pid for pid in pids if _running(pid)]
             assert running == [], f"claimed while {running} still ran"
             return claim
         time.sleep(0.02)

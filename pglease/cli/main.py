@@ -1,7 +1,8 @@
 """The `pglease` command line: scriptable (``--json``), with meaningful exit codes.
 
 Exit codes (the same for every command; README "CLI"): 0 success, 1 error,
-2 usage or bad input (also an unknown resource, session or entry), 3 held by
+2 usage or bad input (also an unknown resource, session or entry, or a schema
+with no pglease tables), 3 held by
 another owner, 4 lease no longer current or revision stale, 5 watch cursor
 cannot resume here, 75 lease lost while `hold`/`elect` ran the command.
 """
@@ -23,11 +24,7 @@ from .. import __version__
 from ..dsn import check_environment, redact_text
 from ..durations import duration_arg
 from ..errors import (
-    LeaseLostError,
     PgleaseError,
-    StaleResourceError,
-    UnknownResourceError,
-    ValidationError,
 )
 from ..validation import check_ttl
 from . import doctor as doctor_cli
@@ -41,9 +38,9 @@ from .leases import cmd_claim, cmd_migrate, cmd_release, cmd_renew, cmd_revoke
 from .reads import LS_PAGE_SIZE, cmd_events, cmd_get, cmd_ls, cmd_status
 from .support import (
     EXIT_ERROR,
-    EXIT_NOT_CURRENT,
     EXIT_OK,
     EXIT_USAGE,
+    error_code,
     fail,
     note_embedded,
     owner_arg,
@@ -414,14 +411,8 @@ def _run(args: argparse.Namespace) -> int:
             resolve_connection(args)
         code = _call(args)
         sys.stdout.flush()  # inside the try: a closed pipe must fail here, not at exit
-    except (LeaseLostError, StaleResourceError) as exc:
-        return failed(str(exc), EXIT_NOT_CURRENT)
-    except (ValidationError, UnknownResourceError) as exc:
-        return failed(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
-        # Naming something that does not exist (a session, an entry) is bad input,
-        # the same code as an unknown resource: every such class is a LookupError.
-        return failed(str(exc), EXIT_USAGE if isinstance(exc, LookupError) else EXIT_ERROR)
+        return failed(str(exc), error_code(exc))
     except _UNMIGRATED as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return failed(

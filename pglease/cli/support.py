@@ -18,7 +18,16 @@ from typing import Any
 import psycopg
 
 from ..dsn import resolve_dsn_source
-from ..errors import ConfigurationError, InvalidTokenError
+from ..errors import (
+    ConfigurationError,
+    InvalidTokenError,
+    LeaseLostError,
+    PgleaseError,
+    SchemaNotMigratedError,
+    StaleResourceError,
+    UnknownResourceError,
+    ValidationError,
+)
 from ..postgres import PostgresStore
 from ..postgres._core import pooler_mode, unavailable
 from ..types import Owner
@@ -212,6 +221,21 @@ def to_jsonable(value: Any) -> Any:
 
 def print_json(value: Any) -> None:
     print(json.dumps(to_jsonable(value), sort_keys=True), flush=True)
+
+
+def error_code(exc: PgleaseError) -> int:
+    """The exit code of the one table (README "CLI") for a library error."""
+    if isinstance(exc, LeaseLostError | StaleResourceError):
+        return EXIT_NOT_CURRENT
+    if isinstance(exc, ValidationError | UnknownResourceError):
+        return EXIT_USAGE
+    if isinstance(exc, SchemaNotMigratedError):
+        # No pglease tables at all is a configuration problem (most often a typo'd
+        # --schema), as a write to it is; a schema that is only behind needs its owner.
+        return EXIT_ERROR if exc.has_tables else EXIT_USAGE
+    # Naming something that does not exist (a session, an entry) is bad input, the
+    # code of an unknown resource: every such class is a LookupError.
+    return EXIT_USAGE if isinstance(exc, LookupError) else EXIT_ERROR
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> int:

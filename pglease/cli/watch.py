@@ -19,7 +19,15 @@ from ..watch._core import check_interval
 from ..watch.prune import DEFAULT_CHUNK, check_chunk, prune
 from ..watch.reaper import Reaper, reap_once
 from ..watch.watcher import Watcher
-from .support import EXIT_OK, EXIT_USAGE, fail, open_store, print_json, sigterm_as_interrupt
+from .support import (
+    EXIT_OK,
+    EXIT_USAGE,
+    error_code,
+    fail,
+    open_store,
+    print_json,
+    sigterm_as_interrupt,
+)
 
 #: Exit code when the cursor cannot be resumed from in this log: older than the
 #: prune horizon, or not a position in it (ahead of its end, another history).
@@ -180,7 +188,7 @@ def _watch(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         return fail(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
-        return fail(str(exc))
+        return fail(str(exc), error_code(exc))
     return EXIT_OK
 
 
@@ -268,7 +276,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         return fail(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
-        return fail(str(exc))
+        return fail(str(exc), error_code(exc))
     if as_json:
         # "deleted" stays the number of events, as before payloads were collected.
         print_json({"deleted": deleted.events, "payloads_deleted": deleted.payloads})
@@ -341,7 +349,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     except ValidationError as exc:  # a --schema migrate never set up, say
         return fail(str(exc), EXIT_USAGE)
     except PgleaseError as exc:
-        return fail(str(exc))
+        return fail(str(exc), error_code(exc))
     except KeyboardInterrupt:
         return EXIT_OK
     return EXIT_OK
