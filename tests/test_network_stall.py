@@ -4,10 +4,15 @@ is back as soon as the server is."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+from typing import Any
 
 import psycopg
 import pytest
+
+from pglease import AsyncPostgresStore, DatabaseUnavailableError, PostgresStore
 
 from ._stall_proxy import StallProxy
 
@@ -34,3 +39,70 @@ def test_the_proxy_pauses_resets_and_refuses(stall_proxy: StallProxy) -> None:
     stall_proxy.accept()
     with psycopg.connect(stall_proxy.dsn, autocommit=True) as conn:
         assert conn.execute("SELECT 4").fetchone() == (4,)
+
+
+# --------------------------------------------------------------- item 6: server down
+
+#: Long enough for psycopg-pool's reconnect back-off (1, 2, 4, 8 s ...) to grow
+#: past the outage's end: its next attempt would come about 7 s after the return.
+_OUTAGE = 8.5
+#: Far above connect_timeout: a call that waited for the pool would show.
+_POOL_TIMEOUT = 30.0
+_CONNECT_TIMEOUT = 2.0
+#: Generous bounds for a busy machine; the old code needed the pool's 30 s to
+#: fail and 6-8 s to come back here.
+_FAIL_WITHIN = _CONNECT_TIMEOUT + 4.0
+_BACK_WITHIN = 4.0
+
+
+def _store_options(schema: str) -> dict[str, Any]:
+    return {"schema": schema, "min_size": 2, "max_size": 2,
+            "connect_timeout": _CONNECT_TIMEOUT, "pool_timeout": _POOL_TIMEOUT}  # fmt: skip
+
+
+def test_sync_calls_fail_fast_while_the_server_is_down_and_recover_when_back(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    with PostgresStore(stall_proxy.dsn, **_store_options(schema)) as store:
+        rid = store.ensure_resource("job", "down")
+        store.get(rid)
+        stall_proxy.refuse()
+        stall_proxy.reset()
+        down = time.monotonic()
+        while True:
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailableError, match="refused") as caught:
+                store.get(rid)
+            assert time.monotonic() - started < _FAIL_WITHIN, caught.value
+            if time.monotonic() - down > _OUTAGE:
+                break
+            time.sleep(0.5)
+        assert "127.0.0.1" in str(caught.value)
+        stall_proxy.accept()
+        back = time.monotonic()
+        assert store.get(rid).id == rid
+        assert time.monotonic() - back < _BACK_WITHIN
+
+
+async def test_async_calls_fail_fast_while_the_server_is_down_and_recover_when_back(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    async with await AsyncPostgresStore.open(stall_proxy.dsn, **_store_options(schema)) as store:
+        rid = await store.ensure_resource("job", "down")
+        await store.get(rid)
+        stall_proxy.refuse()
+        stall_proxy.reset()
+        down = time.monotonic()
+        while True:
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailableError, match="refused") as caught:
+                await store.get(rid)
+            assert time.monotonic() - started < _FAIL_WITHIN, caught.value
+            if time.monotonic() - down > _OUTAGE:
+                break
+            await asyncio.sleep(0.5)
+        assert "127.0.0.1" in str(caught.value)
+        stall_proxy.accept()
+        back = time.monotonic()
+        assert (await store.get(rid)).id == rid
+        assert time.monotonic() - back < _BACK_WITHIN

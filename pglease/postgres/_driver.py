@@ -41,7 +41,7 @@ from ._fastpath import (
     renew_values,
 )
 from ._queries import Queries
-from ._reuse import ConnectionStack, discard
+from ._reuse import ConnectionStack, StorePool, discard
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -123,7 +123,7 @@ class PgDriver:
                     _core.require_migrated(migration_state(conn, self.schema))
         except psycopg.Error as exc:
             raise self._error(exc) from exc
-        pool: ConnectionPool[Conn] = ConnectionPool(
+        pool: ConnectionPool[Conn] = StorePool(
             dsn,
             min_size=self._min_size,
             max_size=self._max_size,
@@ -142,7 +142,18 @@ class PgDriver:
                 raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
             raise
         self._pool = pool
-        self._conns = ConnectionStack(pool)
+        self._conns = ConnectionStack(pool, self._probe)
+
+    def _probe(self) -> None:
+        """Connect once, directly, within connect_timeout (`AsyncConnectionStack`
+        runs this instead of waiting for a pool that fails to connect): the
+        refused or timed-out connection's OperationalError, else nothing."""
+        conn = psycopg.Connection.connect(
+            self.dsn,
+            connect_timeout=math.ceil(self._connect_timeout),
+            **_core.connect_kwargs(self.schema, self.pooler),
+        )
+        conn.close()
 
     def _configure(self, conn: Conn) -> None:
         """The pool calls this on connect: the time limits, then the fast path's

@@ -41,7 +41,7 @@ from ._fastpath import (
     renew_values,
 )
 from ._queries import Queries
-from ._reuse_async import AsyncConnectionStack, discard
+from ._reuse_async import AsyncConnectionStack, AsyncStorePool, discard
 
 T = TypeVar("T")
 AsyncConn = psycopg.AsyncConnection[Any]
@@ -123,7 +123,7 @@ class AsyncPgDriver:
                     _core.require_migrated(await migration_state_async(conn, self.schema))
         except psycopg.Error as exc:
             raise self._error(exc) from exc
-        pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+        pool: AsyncConnectionPool[AsyncConn] = AsyncStorePool(
             dsn,
             min_size=self._min_size,
             max_size=self._max_size,
@@ -142,7 +142,18 @@ class AsyncPgDriver:
                 raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
             raise
         self._pool = pool
-        self._conns = AsyncConnectionStack(pool)
+        self._conns = AsyncConnectionStack(pool, self._probe)
+
+    async def _probe(self) -> None:
+        """Connect once, directly, within connect_timeout (`AsyncConnectionStack`
+        runs this instead of waiting for a pool that fails to connect): the
+        refused or timed-out connection's OperationalError, else nothing."""
+        conn = await psycopg.AsyncConnection.connect(
+            self.dsn,
+            connect_timeout=math.ceil(self._connect_timeout),
+            **_core.connect_kwargs(self.schema, self.pooler),
+        )
+        await conn.close()
 
     async def _configure(self, conn: AsyncConn) -> None:
         """The pool calls this on connect: the time limits, then the fast path's
