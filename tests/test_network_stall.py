@@ -12,7 +12,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from pglease import AsyncPostgresStore, DatabaseUnavailableError, PostgresStore
+from pglease import (
+    AsyncPostgresStore,
+    CommitOutcomeUnknownError,
+    DatabaseUnavailableError,
+    Owner,
+    PostgresStore,
+)
 
 from ._stall_proxy import StallProxy
 
@@ -106,3 +112,82 @@ async def test_async_calls_fail_fast_while_the_server_is_down_and_recover_when_b
         back = time.monotonic()
         assert (await store.get(rid)).id == rid
         assert time.monotonic() - back < _BACK_WITHIN
+
+
+# ----------------------------------------------- items 1 and 2: a stalled path
+
+#: A stalled call must end within statement_timeout plus the client's grace
+#: (`Limits.client_deadline`); the bound adds room for a busy machine. The old
+#: code waited for an answer for as long as the socket stayed open.
+_STATEMENT_TIMEOUT = 1.0
+_STALL_BOUND = 30.0
+
+
+def _stall_options(schema: str) -> dict[str, Any]:
+    return {"schema": schema, "min_size": 1, "max_size": 1,
+            "statement_timeout": _STATEMENT_TIMEOUT, "lock_timeout": 0.5}  # fmt: skip
+
+
+def _check_landed(pg_dsn: str, schema: str, rid: str, error: CommitOutcomeUnknownError) -> None:
+    """After the proxy resumed, the claim may have reached the server after all:
+    then it holds the lease for the owner the error names (hence outcome-unknown)."""
+    with PostgresStore(pg_dsn, schema=schema, max_size=1) as direct:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            lease = direct.get(rid).lease
+            if lease.held:
+                assert lease.owner == error.owner == OWNER
+                break
+            time.sleep(0.2)
+
+
+OWNER = Owner("host", "stalled")
+
+
+def test_sync_a_stalled_claim_ends_outcome_unknown_and_the_connection_is_dropped(
+    stall_proxy: StallProxy, pg_dsn: str, schema: str
+) -> None:
+    with PostgresStore(stall_proxy.dsn, **_stall_options(schema)) as store:
+        warm = store.ensure_resource("job", "warm")
+        rid = store.ensure_resource("job", "stalled")
+        assert store.claim(warm, OWNER, ttl=60) is not None
+        stall_proxy.pause()
+        outcome: list[BaseException | object] = []
+
+        def claim() -> None:
+            try:
+                outcome.append(store.claim(rid, OWNER, ttl=60))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        started = time.monotonic()
+        caller = threading.Thread(target=claim, daemon=True)
+        caller.start()
+        caller.join(_STALL_BOUND)
+        elapsed = time.monotonic() - started
+        stall_proxy.resume()
+        assert outcome, f"the claim still waits after {elapsed:.1f} s"
+        error = outcome[0]
+        assert isinstance(error, CommitOutcomeUnknownError), error
+        assert "no answer from PostgreSQL" in str(error)
+        assert error.resource_id == rid and error.token is not None
+        _check_landed(pg_dsn, schema, rid, error)
+        # The stalled connection was dropped: the next call runs on a new one.
+        assert store.get(warm).lease.owner == OWNER
+
+
+async def test_async_a_stalled_claim_ends_outcome_unknown_and_the_connection_is_dropped(
+    stall_proxy: StallProxy, pg_dsn: str, schema: str
+) -> None:
+    async with await AsyncPostgresStore.open(stall_proxy.dsn, **_stall_options(schema)) as store:
+        warm = await store.ensure_resource("job", "warm")
+        rid = await store.ensure_resource("job", "stalled")
+        assert await store.claim(warm, OWNER, ttl=60) is not None
+        stall_proxy.pause()
+        with pytest.raises(CommitOutcomeUnknownError) as caught:
+            await asyncio.wait_for(store.claim(rid, OWNER, ttl=60), _STALL_BOUND)
+        stall_proxy.resume()
+        assert "no answer from PostgreSQL" in str(caught.value)
+        assert caught.value.resource_id == rid and caught.value.token is not None
+        await asyncio.to_thread(_check_landed, pg_dsn, schema, rid, caught.value)
+        assert (await store.get(warm)).lease.owner == OWNER
