@@ -191,3 +191,43 @@ async def test_async_a_stalled_claim_ends_outcome_unknown_and_the_connection_is_
         assert caught.value.resource_id == rid and caught.value.token is not None
         await asyncio.to_thread(_check_landed, pg_dsn, schema, rid, caught.value)
         assert (await store.get(warm)).lease.owner == OWNER
+
+
+def test_sync_a_stalled_read_ends_unavailable_and_the_store_recovers(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    with PostgresStore(stall_proxy.dsn, **_stall_options(schema)) as store:
+        rid = store.ensure_resource("job", "read")
+        stall_proxy.pause()
+        outcome: list[BaseException | object] = []
+
+        def read() -> None:
+            try:
+                outcome.append(store.get(rid))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        caller = threading.Thread(target=read, daemon=True)
+        caller.start()
+        caller.join(_STALL_BOUND)
+        stall_proxy.resume()
+        assert outcome, "the read still waits"
+        error = outcome[0]
+        # A read commits nothing: unavailable, not outcome-unknown.
+        assert type(error) is DatabaseUnavailableError, error
+        assert "no answer from PostgreSQL" in str(error)
+        assert store.get(rid).id == rid
+
+
+async def test_async_a_stalled_read_ends_unavailable_and_the_store_recovers(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    async with await AsyncPostgresStore.open(stall_proxy.dsn, **_stall_options(schema)) as store:
+        rid = await store.ensure_resource("job", "read")
+        stall_proxy.pause()
+        with pytest.raises(DatabaseUnavailableError) as caught:
+            await asyncio.wait_for(store.get(rid), _STALL_BOUND)
+        stall_proxy.resume()
+        assert type(caught.value) is DatabaseUnavailableError
+        assert "no answer from PostgreSQL" in str(caught.value)
+        assert (await store.get(rid)).id == rid

@@ -42,6 +42,7 @@ from ._fastpath import (
 )
 from ._queries import Queries
 from ._reuse import ConnectionStack, StorePool, discard
+from ._stall import arm
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -194,6 +195,8 @@ class PgDriver:
         conns = self._stack
         for attempt in (1, 2):
             conn = self._take(conns)
+            # No answer by the client deadline: the socket is shut down (`_stall`).
+            deadline = arm(conn, self._limits.client_deadline if bounded else None)
             try:
                 if bounded and self._local_config is not None:
                     with conn.pipeline(), conn.transaction():
@@ -201,6 +204,8 @@ class PgDriver:
                         return fn(conn)
                 return fn(conn)
             except psycopg.Error as exc:
+                if deadline is not None and deadline.fired:  # a silent path: no retry
+                    raise _core.stalled(exc, deadline.seconds, self.dsn) from exc
                 broken = conn.broken
                 if broken and attempt == 1:
                     continue
@@ -209,6 +214,8 @@ class PgDriver:
                 error = self._error(exc)
                 raise error from _core.cause_of(error, exc)
             finally:
+                if deadline is not None:
+                    deadline.cancel()  # before the connection (and its socket) goes
                 conns.give_back(conn)
         raise AssertionError("unreachable")
 
