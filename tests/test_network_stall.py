@@ -231,3 +231,26 @@ async def test_async_a_stalled_read_ends_unavailable_and_the_store_recovers(
         assert type(caught.value) is DatabaseUnavailableError
         assert "no answer from PostgreSQL" in str(caught.value)
         assert (await store.get(rid)).id == rid
+
+
+def test_sync_a_call_on_a_silent_path_is_unavailable_within_connect_timeout(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    """The pool's own reconnection is bounded by connect_timeout: once the
+    stalled connection is dropped, the next call learns that the server does
+    not answer (DatabaseUnavailableError), not that the pool ran dry."""
+    options = {**_stall_options(schema), "connect_timeout": _CONNECT_TIMEOUT}
+    with PostgresStore(stall_proxy.dsn, **options) as store:
+        rid = store.ensure_resource("job", "silent")
+        stall_proxy.pause()
+        try:
+            with pytest.raises(DatabaseUnavailableError, match="no answer"):
+                store.get(rid)  # the kept connection stalls: dropped at the deadline
+            started = time.monotonic()
+            with pytest.raises(DatabaseUnavailableError) as caught:
+                store.get(rid)
+            assert time.monotonic() - started < 3 * _CONNECT_TIMEOUT + 4.0, caught.value
+            assert type(caught.value) is DatabaseUnavailableError, caught.value
+            assert "timeout" in str(caught.value), caught.value
+        finally:
+            stall_proxy.resume()

@@ -128,7 +128,10 @@ class PgDriver:
             dsn,
             min_size=self._min_size,
             max_size=self._max_size,
-            kwargs=kwargs,
+            # Bounded like every other connect: an attempt on a silent path
+            # fails (and callers learn it, `AsyncStorePool.failing`) instead
+            # of holding a pool worker for libpq's default.
+            kwargs={**kwargs, "connect_timeout": math.ceil(self._connect_timeout)},
             configure=self._configure,
             timeout=self._limits.pool_timeout,
             open=False,
