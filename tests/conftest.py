@@ -25,6 +25,7 @@ import pytest
 from pglease import AsyncPostgresStore, PostgresStore
 from pglease.testing import set_test_clock
 
+from ._stall_proxy import StallProxy
 from .backends import Backend, PostgresBackend
 
 
@@ -65,6 +66,14 @@ def pg_dsn() -> Iterator[str]:
         yield from _docker_dsn()
     else:
         yield from _embedded_dsn()
+
+
+@pytest.fixture
+def stall_proxy(pg_dsn: str) -> Iterator[StallProxy]:
+    """A fault-injecting TCP proxy to the test server: connect to its `dsn`,
+    then `pause()`/`resume()`, `reset()`, `refuse()`/`accept()` (tests/_stall_proxy.py)."""
+    with StallProxy(pg_dsn) as proxy:
+        yield proxy
 
 
 @pytest.fixture

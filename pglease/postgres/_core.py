@@ -203,6 +203,11 @@ def _seconds(value: float | None, setting: str) -> str:
     return f"{setting}={value:g} s" if value is not None else setting
 
 
+#: Seconds past statement_timeout that a call waits for the server's answer on a
+#: path that went silent (a network stall, a hung server) before it closes the
+#: connection (`Limits.client_deadline`).
+CLIENT_GRACE = 5.0
+
 # Server-side time limits: PostgreSQL takes whole milliseconds up to INT_MAX.
 _MAX_LIMIT_SECONDS = 2_147_483
 
@@ -270,6 +275,16 @@ class Limits:
             if value is not None
         ]
         return "; ".join(sets).encode() if sets else None
+
+    @property
+    def client_deadline(self) -> float | None:
+        """How long the client waits for a statement's answer before it gives the
+        connection up: `statement_timeout` (the server's own bound on the
+        statement, lock waits included) plus `CLIENT_GRACE` for the round trip
+        and the server's error on its way back. None without a statement_timeout."""
+        if self.statement_timeout is None:
+            return None
+        return self.statement_timeout + CLIENT_GRACE
 
     def pool_exhausted(self) -> PoolExhaustedError:
         return PoolExhaustedError(
@@ -417,6 +432,14 @@ def lost(
 ) -> DatabaseUnavailableError:
     """A connection that broke while nothing was committed (or only read)."""
     return DatabaseUnavailableError(f"{what}: {_detail(exc, dsn)}")
+
+
+def stalled(exc: psycopg.Error, seconds: float, dsn: str | None = None) -> DatabaseUnavailableError:
+    """A read (or an idempotent write) that got no answer by the client deadline."""
+    return DatabaseUnavailableError(
+        f"no answer from PostgreSQL within {seconds:g} s (statement_timeout"
+        f" + {CLIENT_GRACE:g} s); the connection was closed ({_detail(exc, dsn)})"
+    )
 
 
 def outcome_unknown(

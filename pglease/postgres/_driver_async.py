@@ -42,7 +42,8 @@ from ._fastpath import (
     renew_values,
 )
 from ._queries import Queries
-from ._reuse_async import AsyncConnectionStack, discard
+from ._reuse_async import AsyncConnectionStack, AsyncStorePool, discard
+from ._stall import arm_async
 
 T = TypeVar("T")
 AsyncConn = psycopg.AsyncConnection[Any]
@@ -124,11 +125,14 @@ class AsyncPgDriver:
                     _core.require_migrated(await migration_state_async(conn, self.schema))
         except psycopg.Error as exc:
             raise self._error(exc) from exc
-        pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+        pool: AsyncConnectionPool[AsyncConn] = AsyncStorePool(
             dsn,
             min_size=self._min_size,
             max_size=self._max_size,
-            kwargs=kwargs,
+            # Bounded like every other connect: an attempt on a silent path
+            # fails (and callers learn it, `AsyncStorePool.failing`) instead
+            # of holding a pool worker for libpq's default.
+            kwargs={**kwargs, "connect_timeout": math.ceil(self._connect_timeout)},
             configure=self._configure,
             timeout=self._limits.pool_timeout,
             open=False,
@@ -143,7 +147,18 @@ class AsyncPgDriver:
                 raise _core.pool_unavailable(exc, connect_errors.last, dsn) from exc
             raise
         self._pool = pool
-        self._conns = AsyncConnectionStack(pool)
+        self._conns = AsyncConnectionStack(pool, self._probe)
+
+    async def _probe(self) -> None:
+        """Connect once, directly, within connect_timeout (`AsyncConnectionStack`
+        runs this instead of waiting for a pool that fails to connect): the
+        refused or timed-out connection's OperationalError, else nothing."""
+        conn = await psycopg.AsyncConnection.connect(
+            self.dsn,
+            connect_timeout=math.ceil(self._connect_timeout),
+            **_core.connect_kwargs(self.schema, self.pooler),
+        )
+        await conn.close()
 
     async def _configure(self, conn: AsyncConn) -> None:
         """The pool calls this on connect: the time limits, then the fast path's
@@ -184,6 +199,8 @@ class AsyncPgDriver:
         conns = self._stack
         for attempt in (1, 2):
             conn = await self._take(conns)
+            # No answer by the client deadline: the socket is shut down (`_stall`).
+            deadline = arm_async(conn, self._limits.client_deadline if bounded else None)
             try:
                 if bounded and self._local_config is not None:
                     async with conn.pipeline(), conn.transaction():
@@ -191,6 +208,8 @@ class AsyncPgDriver:
                         return await fn(conn)
                 return await fn(conn)
             except psycopg.Error as exc:
+                if deadline is not None and deadline.fired:  # a silent path: no retry
+                    raise _core.stalled(exc, deadline.seconds, self.dsn) from exc
                 broken = conn.broken
                 if broken and attempt == 1:
                     continue
@@ -199,6 +218,8 @@ class AsyncPgDriver:
                 error = self._error(exc)
                 raise error from _core.cause_of(error, exc)
             finally:
+                if deadline is not None:
+                    deadline.cancel()  # before the connection (and its socket) goes
                 await conns.give_back(conn)
         raise AssertionError("unreachable")
 

@@ -30,6 +30,11 @@ A failure before the call's own statement reached the server (sending it was
 refused, or preparing failed) raises `NotSentError`: such a call certainly did
 nothing and may be retried on another connection. Anything after that is the
 driver's error, and a broken connection then means the outcome is unknown.
+
+A call whose answer does not come within the store's client deadline
+(`Limits.client_deadline`: statement_timeout plus a grace) closes its
+connection and raises `StalledError`: the statement was sent, so its outcome
+is unknown, and the connection never goes back to the pool.
 """
 
 from __future__ import annotations
@@ -130,6 +135,24 @@ class NotSentError(Exception):
         self.cause = cause
 
 
+class StalledError(psycopg.OperationalError):
+    """No answer within the client deadline; the connection has been closed."""
+
+
+def _stalled(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], timeout: float
+) -> StalledError:
+    conn.pgconn.finish()  # its state is unknown: it is broken now, never reused
+    return StalledError(
+        f"no answer from PostgreSQL within {timeout:g} s (statement_timeout"
+        f" + {_core.CLIENT_GRACE:g} s); the connection was closed"
+    )
+
+
+class _Expired(Exception):
+    """A fast-path wait ran past the client deadline (`_Watch.complete`)."""
+
+
 class FastPath:
     """Prepared claim/renew/release for one schema.
 
@@ -163,6 +186,8 @@ class FastPath:
                          RELEASE: [0, 0, 0, 0, 1, 0, 0]}  # fmt: skip
         #: Pooler mode: the limits as SET LOCALs sent ahead of each call.
         self._local = limits.local_settings if pooler and limits is not None else None
+        #: Seconds to wait for a call's answer (None: as long as the socket is open).
+        self._deadline = limits.client_deadline if limits is not None else None
 
     def _bounded(self, conn: Any, name: bytes, values: Values) -> bytes:
         """Pooler mode: the call with its limits, as one query string of literals
@@ -228,32 +253,59 @@ class FastPath:
             self._check(conn, result, _TUPLES_OK)
         return result
 
-    @staticmethod
-    def _exec_simple(conn: psycopg.Connection[Any], text: bytes) -> pq.abc.PGresult:
+    def _exec_simple(self, conn: psycopg.Connection[Any], text: bytes) -> pq.abc.PGresult:
+        if self._deadline is not None:
+            try:
+                conn.pgconn.send_query(text)
+            except psycopg.Error as exc:
+                raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
+            return self._results(conn, self._deadline)
         try:
             return conn.pgconn.exec_(text)  # the last statement's result (or the error)
         except psycopg.Error as exc:
             raise NotSentError(exc) from exc  # no result: libpq refused to send
 
-    @staticmethod
     def _exec_unnamed(
-        conn: psycopg.Connection[Any], text: bytes, values: list[Any], formats: list[int]
+        self, conn: psycopg.Connection[Any], text: bytes, values: list[Any], formats: list[int]
     ) -> pq.abc.PGresult:
+        if self._deadline is not None:
+            try:
+                conn.pgconn.send_query_params(text, values, param_formats=formats)
+            except psycopg.Error as exc:
+                raise NotSentError(exc) from exc
+            return self._results(conn, self._deadline)
         try:
             return conn.pgconn.exec_params(text, values, param_formats=formats)
         except psycopg.Error as exc:
             raise NotSentError(exc) from exc  # no result: libpq refused to send
 
-    @staticmethod
     def _exec(
-        conn: psycopg.Connection[Any], name: bytes, values: list[Any], formats: list[int]
+        self, conn: psycopg.Connection[Any], name: bytes, values: list[Any], formats: list[int]
     ) -> pq.abc.PGresult:
+        if self._deadline is not None:
+            try:
+                conn.pgconn.send_query_prepared(name, values, formats)
+            except psycopg.Error as exc:
+                raise NotSentError(exc) from exc
+            return self._results(conn, self._deadline)
         try:
             # libpq takes NULL parameters as None (values is list[Any] for the stub).
             return conn.pgconn.exec_prepared(name, values, formats)
         except psycopg.Error as exc:
             # libpq returned no result at all: it refused to send (no connection).
             raise NotSentError(exc) from exc
+
+    @staticmethod
+    def _results(conn: psycopg.Connection[Any], timeout: float) -> pq.abc.PGresult:
+        """The last result of the query just sent, waited for at most `timeout`
+        (libpq's own blocking calls wait as long as the socket stays open)."""
+        try:
+            results: list[pq.abc.PGresult] = conn.wait(
+                generators.execute(conn.pgconn), timeout=timeout
+            )
+        except psycopg.errors._WaitTimeout:
+            raise _stalled(conn, timeout) from None
+        return results[-1]
 
 
 class AsyncFastPath(FastPath):
@@ -273,7 +325,7 @@ class AsyncFastPath(FastPath):
                 conn.pgconn.send_query_prepared(name, values, formats)
         except psycopg.Error as exc:
             raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
-        return (await results_async(conn))[-1]
+        return (await results_async(conn, self._deadline))[-1]
 
     async def prepare_on_connect_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Asyncio twin of `FastPath.prepare_on_connect`."""
@@ -316,7 +368,9 @@ class AsyncFastPath(FastPath):
         return result
 
 
-async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGresult]:
+async def results_async(
+    conn: psycopg.AsyncConnection[Any], timeout: float | None = None
+) -> list[pq.abc.PGresult]:
     """Every result of the query just sent on `conn`, read without blocking the loop.
 
     What ``await conn.wait(generators.execute(conn.pgconn))`` does, made cheaper
@@ -328,22 +382,32 @@ async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGres
     thread that CPU is taken from the other tasks (bench/RESULTS.md). A query
     that does not fit goes psycopg's general way. Interrupted (the task
     cancelled), the query is cancelled on the server as psycopg's wait does
-    (`_interrupted`).
+    (`_interrupted`). No answer within `timeout` seconds: the connection is
+    closed and `StalledError` raised.
     """
     pgconn = conn.pgconn
     if pgconn.flush() != 0:  # the socket buffer was full: let psycopg send the rest
         unwatch(conn)  # psycopg's wait registers the socket itself
-        results: list[pq.abc.PGresult] = await conn.wait(generators.execute(pgconn))
+        try:
+            results: list[pq.abc.PGresult] = await conn.wait(
+                generators.execute(pgconn), timeout=timeout
+            )
+        except psycopg.errors._WaitTimeout:
+            assert timeout is not None
+            raise _stalled(conn, timeout) from None
         return results
     results = []
     watch = None
+    deadline = None
     try:
         while True:
             if pgconn.is_busy():
                 if watch is None:
                     watch = _watch(conn)
+                    if timeout is not None:
+                        deadline = watch.loop.time() + timeout
                 try:
-                    await watch.complete()
+                    await watch.complete(deadline)
                 except psycopg.DatabaseError:
                     # As psycopg: an error already read (a FATAL) is what the
                     # caller reports; the lost connection comes after it.
@@ -360,6 +424,10 @@ async def results_async(conn: psycopg.AsyncConnection[Any]) -> list[pq.abc.PGres
         unwatch(conn)
         await _interrupted(conn)
         raise
+    except _Expired:
+        unwatch(conn)
+        assert timeout is not None
+        raise _stalled(conn, timeout) from None
     except OSError as exc:  # the socket went away under the event loop
         unwatch(conn)
         raise psycopg.OperationalError("connection socket closed") from exc
@@ -414,16 +482,25 @@ class _Watch:
         if not pgconn.is_busy():
             waiter.set_result(None)
 
-    async def complete(self) -> None:
-        """Wait until libpq has a whole result (`pgconn.is_busy()` is false)."""
-        self.waiter = self.loop.create_future()
+    async def complete(self, deadline: float | None = None) -> None:
+        """Wait until libpq has a whole result (`pgconn.is_busy()` is false); raise
+        `_Expired` at `deadline` (the loop's time) if it has not come by then."""
+        waiter = self.waiter = self.loop.create_future()
+        timer = None if deadline is None else self.loop.call_at(deadline, _expire, waiter)
         try:
-            await self.waiter
+            await waiter
         finally:
             self.waiter = None
+            if timer is not None:
+                timer.cancel()
 
     def close(self) -> None:
         self.loop.remove_reader(self.fd)  # a no-op once the loop is closed
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(_Expired())
 
 
 #: The connections whose socket is registered: at most one `_Watch` each. A

@@ -21,18 +21,25 @@ Every connection is checked before use (`alive`): one the server closed while
 it sat idle (pg_terminate_backend, a restart, idle_session_timeout) is dropped
 before anything is sent on it, so the call runs on a live one instead of
 failing with an outcome nobody can know.
+
+While the server cannot be reached, a call fails within `connect_timeout`
+rather than waiting out `pool_timeout` (`StorePool` notes the pool's failed
+connection attempts, and a caller that would wait tries one connection of
+its own first), and once the server is back the pool reconnects within
+about a second (its retry back-off is capped at `RECONNECT_CAP`).
 """
 
 from __future__ import annotations
 
 import select
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 import psycopg
 from psycopg import pq
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ._fastpath import unwatch  # sync: -
 
@@ -40,6 +47,44 @@ from ._fastpath import unwatch  # sync: -
 
 _OK = pq.ConnStatus.OK
 _IDLE = pq.TransactionStatus.IDLE
+
+#: The longest the pool waits between two attempts to replace a connection
+#: (psycopg-pool doubles its wait from 1 s up to `reconnect_timeout`, so after a
+#: long outage the server could be back for half a minute before the pool
+#: tried again). One attempt a second per missing connection is cheap for a
+#: server that refuses it.
+RECONNECT_CAP = 1.0
+#: How long a caller waits in the pool before it looks again whether the pool
+#: has started failing to connect (then it tries one connection itself).
+_PATIENCE = 0.25
+
+
+class AsyncStorePool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
+    """A psycopg-pool that caps its reconnection back-off at `RECONNECT_CAP` and
+    says whether its last attempt to connect failed (`failing`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        configure = kwargs.pop("configure", None)
+
+        async def configured(conn: psycopg.AsyncConnection[Any]) -> None:
+            if configure is not None:
+                await configure(conn)
+            self.failing = False
+
+        #: Whether the pool's last attempt to open a connection failed.
+        self.failing = False
+        #: How many attempts failed so far (a caller probes once per new failure).
+        self.failures = 0
+        super().__init__(*args, configure=configured, **kwargs)
+
+    async def schedule_task(self, task: Any, delay: float) -> None:
+        """psycopg-pool schedules `AddConnection` with a delay only to retry a
+        failed connection attempt: note the failure, and cap the delay."""
+        if type(task).__name__ == "AddConnection":  # psycopg-pool's task, by name
+            self.failing = True
+            self.failures += 1
+            delay = min(delay, RECONNECT_CAP)
+        await super().schedule_task(task, delay)
 
 
 def alive(conn: psycopg.AsyncConnection[Any]) -> bool:
@@ -71,8 +116,16 @@ def discard(conn: psycopg.AsyncConnection[Any]) -> None:
 class AsyncConnectionStack:
     """Connections of one pool, reused last-in first-out."""
 
-    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
+        probe: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """`probe`: connect once to the server, directly, and raise its
+        OperationalError when it cannot; run instead of waiting for a
+        store pool that is failing to connect."""
         self._pool = pool
+        self._probe = probe
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         #: One ticket per caller waiting in the pool's getconn, until it is served.
         self._tickets: list[object] = []
@@ -113,11 +166,36 @@ class AsyncConnectionStack:
         if kept is not None:
             return kept
         try:
-            return await self._pool.getconn()
+            return await self._getconn()
         finally:
             with self._lock:
                 if ticket in self._tickets:  # not yet used by a `give_back`
                     self._tickets.remove(ticket)
+
+    async def _getconn(self) -> psycopg.AsyncConnection[Any]:
+        """The pool's `getconn`, unless the pool is failing to connect and so
+        is the probe: then the probe's error, within its connect_timeout.
+
+        The wait goes in slices of `_PATIENCE` so that a failure noted while
+        this caller waits is seen; the probe runs once per new failure, so a
+        server that is back (the pool reconnects within `RECONNECT_CAP`)
+        costs one extra connection per waiting caller."""
+        pool = self._pool
+        if self._probe is None or not isinstance(pool, AsyncStorePool):
+            return await pool.getconn()
+        deadline = time.monotonic() + pool.timeout
+        probed = 0
+        while True:
+            if pool.failing and pool.failures != probed:
+                probed = pool.failures
+                await self._probe()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PoolTimeout(f"couldn't get a connection after {pool.timeout:.2f} sec")
+            try:
+                return await pool.getconn(min(remaining, _PATIENCE))
+            except PoolTimeout:
+                continue
 
     @asynccontextmanager
     async def borrow(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
