@@ -9,10 +9,8 @@ import itertools
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +27,7 @@ from pglease.sessions import (
     SessionRepository,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+from .test_session_processes import spawn
 
 Action = Literal["close", "commit", "crash"]
 
@@ -105,19 +103,6 @@ def test_a_postgres_fence_rises_after_a_clean_close(
 
 
 # --- crashes: a real process killed while it holds the lease ---------------------------------
-
-
-def spawn(script: str, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-    )
 
 
 FILE_HOLDER = """
