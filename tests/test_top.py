@@ -334,7 +334,7 @@ def test_once_prints_one_frame(pg_store: PostgresStore, pg_dsn: str, schema: str
 def test_errors_are_one_line_and_reading_never_migrates(pg_dsn: str) -> None:
     missing = f"t_missing_{uuid.uuid4().hex[:8]}"
     out = cli(pg_dsn, missing, "top", "--once")
-    assert out.returncode == 1
+    assert out.returncode == 2  # a schema with no pglease tables: the exit-code table
     assert out.stderr.startswith("pglease: error:") and missing in out.stderr
     assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
     with psycopg.connect(pg_dsn) as conn:
