@@ -30,6 +30,9 @@ import sys
 import threading
 from collections.abc import Callable
 
+#: How long `alive` waits for a reaped leader's status to be recorded: the
+#: reaping thread records it right after its waitpid returns.
+_RECORD_WAIT = 10.0
 #: linux/prctl.h
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -80,7 +83,8 @@ class ProcessGroup:
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
         self.pgid = proc.pid
-        self._lock = threading.Lock()
+        #: Guards `returncode`; notified when the leader's status is recorded.
+        self._recorded = threading.Condition()
         self.returncode: int | None = None
 
     @classmethod
@@ -90,10 +94,11 @@ class ProcessGroup:
 
     def _record(self, pid: int, status: int) -> None:
         if pid == self.pgid:
-            with self._lock:
+            with self._recorded:
                 self.returncode = os.waitstatus_to_exitcode(status)
                 # Popen must not wait for it again (it would read ECHILD as 0).
                 self.proc.returncode = self.returncode
+                self._recorded.notify_all()
 
     def reap(self) -> None:
         """Reap every member that is this process's child and has exited."""
@@ -134,6 +139,10 @@ class ProcessGroup:
         try:
             os.killpg(self.pgid, 0)
         except ProcessLookupError:
+            # The leader is gone, so it was reaped; the reaping thread may sit
+            # between its waitpid and recording the status: wait for that.
+            with self._recorded:
+                self._recorded.wait_for(lambda: self.returncode is not None, timeout=_RECORD_WAIT)
             return False
         except PermissionError:
             return True  # a member we may not signal is still a member
