@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from pglease import DatabaseError, DiskFullError, Owner, PostgresStore
 from pglease.cli import main
 from pglease.doctor import doctor
 from pglease.doctor.writes import PROBE_TYPE
+from pglease.migrations import grant
 
 from . import _pgserver
 from ._pgcluster import SERVER_USER
@@ -53,6 +55,29 @@ def test_the_write_check_passes_and_leaves_nothing_behind(
         assert main(["--dsn", pg_dsn, "--schema", schema, "status"]) == 0
         assert "writes:       ok" in capsys.readouterr().out
         assert _counts(conn, schema) == before  # rolled back: no resource, lease or event
+
+
+@pytest.mark.parametrize(("kind", "verdict"), [("client", "ok"), ("reader", "unknown")])
+def test_the_write_check_runs_as_a_client_and_is_not_tried_for_a_reader(
+    pg_dsn: str, schema: str, kind: str, verdict: str
+) -> None:
+    PostgresStore(pg_dsn, schema=schema).close()  # migrated
+    name = f"wr_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{name}"')
+        try:
+            grant(conn, schema, name, kind)  # type: ignore[arg-type]
+            conn.execute(f'SET ROLE "{name}"')
+            check = doctor(conn, schema).by_name("writes")
+            conn.execute("RESET ROLE")
+            assert check.verdict == verdict, check
+            if kind == "reader":
+                assert "may not claim" in check.detail
+            assert _counts(conn, schema)[3] == 0
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(f'DROP OWNED BY "{name}"')
+            conn.execute(f'DROP ROLE "{name}"')
 
 
 def _mount_tmpfs(where: Path, size: str) -> str | None:
