@@ -377,6 +377,24 @@ class CommitOutcomeUnknownError(DatabaseUnavailableError):
         self.token = token
 
 
+class InsufficientResourcesError(DatabaseError):
+    """The server ran out of a resource (SQLSTATE class 53): out of memory (53200),
+    a configuration limit (53400), or the disk (53100, `DiskFullError`).
+
+    The statement failed with an ERROR, so its transaction was rolled back:
+    nothing was committed. It does not heal by itself; the message names what
+    ran out. (A server that cannot take more connections, 53300, is
+    `DatabaseUnavailableError`: nothing could be sent.)
+    """
+
+
+class DiskFullError(InsufficientResourcesError):
+    """The server could not write a file (SQLSTATE 53100, "could not extend file
+    ...: No space left on device"): the disk or tablespace holding the schema's
+    tables is full. Nothing was committed; every write fails until space is
+    freed, reads still work. `pglease doctor` and `pglease status` report it."""
+
+
 class PoolExhaustedError(DatabaseUnavailableError):
     """No connection of the store's pool became free within `pool_timeout`: all
     `max_size` are in use, or the server accepts no new ones."""
@@ -391,6 +409,8 @@ class StoreClosedError(DatabaseUnavailableError):
 __all__ += [
     "CommitOutcomeUnknownError",
     "DatabaseError",
+    "DiskFullError",
+    "InsufficientResourcesError",
     "LockTimeoutError",
     "PoolExhaustedError",
     "PoolerModeError",

@@ -341,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_get)
     p = sub.add_parser(
         "status",
-        help="server, migrations, counts, event log, test clock and watcher hubs (read-only)",
+        help="server, migrations, whether writes go through (a claim, rolled back), counts, event"
+        " log, test clock and watcher hubs (exit 1: writes fail)",
     )
     p.add_argument(
         "--within",

@@ -24,6 +24,7 @@ from ..types import Event, ResourceState
 from ..watch._core import channel_name
 from .leases import existing_resource
 from .support import (
+    EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
     connect_direct,
@@ -286,12 +287,26 @@ def _status(conn: psycopg.Connection[Any], schema: str, within: float) -> dict[s
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from ..doctor.writes import probe_writes
+
     # A direct connection, not a store: a store refuses a schema with pending
-    # migrations, which is one of the things status is there to report. The
-    # session is read-only, so nothing here can write even by mistake.
+    # migrations, which is one of the things status is there to report.
     with connect_direct(args) as conn:
+        # Whether writes go through can only be told by trying one: the one
+        # write of status, a claim that is always rolled back (see
+        # pglease.doctor.writes for what it leaves: nothing anyone can read).
+        writes = probe_writes(conn, args.schema)
+        # From here on the session is read-only: nothing can write by mistake.
         conn.execute("SET default_transaction_read_only = on")
         report = _status(conn, args.schema, args.within)
+    report["writes"] = {
+        "ok": writes.ok,
+        "sqlstate": writes.sqlstate,
+        "condition": writes.condition,
+        "detail": writes.message,
+    }
+    # A fleet whose writes fail is an error, as each of its writes would be.
+    code = EXIT_ERROR if writes.ok is False else EXIT_OK
     if report["test_clock"]:
         print(
             f"pglease: WARNING: the test clock is ON in schema {args.schema}: callers can"
@@ -301,7 +316,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     if args.json:
         print_json({**report, "dsn_source": dsn_source(args)})
-        return EXIT_OK
+        return code
     migrations = report["migrations"]
     hubs = report["watcher_hubs"]
     events = report["events"]
@@ -319,6 +334,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             else "pending: " + ", ".join(migrations["pending"])
         )
     )
+    print(f"writes:       {writes.line()}")
     print(f"resources:    {shown(report['resources'])}")
     print(f"held:         {shown(report['held'])}")
     print(f"expiring:     {shown(report['expiring']['count'])} within {args.within:g}s")
@@ -341,4 +357,6 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"watcher hubs: not visible ({hubs['hidden_sessions']} sessions of other roles;"
             " pg_read_all_stats shows them)"
         )
-    return EXIT_OK
+    if writes.ok is False and writes.advice:
+        print(f"pglease: writes fail: {writes.advice}", file=sys.stderr, flush=True)
+    return code

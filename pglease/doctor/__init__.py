@@ -1,7 +1,9 @@
 """`pglease doctor`: is this server and schema set up the way pglease assumes?
 
-Each check reads only (catalog views, `SHOW`, the schema's own tables) and
-ends in a verdict:
+Each check reads only (catalog views, `SHOW`, the schema's own tables), but
+one: ``writes`` claims a probe resource through pglease's own SQL and rolls
+back, so a server that answers reads but refuses writes (a full disk,
+SQLSTATE 53100) is named with its SQLSTATE. Each ends in a verdict:
 
 - ``ok``: as pglease expects;
 - ``unknown``: could not be told from here (say, a role without

@@ -19,6 +19,7 @@ from .checks import (
 from .holdback import check_holdback
 from .replication import check_pooler, check_replication
 from .report import Check, Conn, Report
+from .writes import check_writes
 
 
 def doctor(
@@ -28,7 +29,8 @@ def doctor(
 
     `schema` defaults to the store's schema, else ``pglease``. `pooler` says
     whether the client runs in pooler mode (a store's own setting by default;
-    None: not known), which the `pooler` check reports. Nothing is written;
+    None: not known), which the `pooler` check reports. Nothing is written:
+    the `writes` check's claim is rolled back (`pglease.doctor.writes`);
     each check runs in its own transaction (a savepoint when the connection is
     not in autocommit), so one failing check does not stop the others: it is
     reported as that check's error.
@@ -64,5 +66,6 @@ _CHECKS: list[tuple[str, Callable[[Conn, str], list[Check]]]] = [
     ("clock_offset", check_clock),
     ("idle_in_transaction_session_timeout", check_idle_timeout),
     ("test_clock", check_test_clock),
+    ("writes", check_writes),
     ("watch_holdback", check_holdback),
 ]

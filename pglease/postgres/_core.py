@@ -28,7 +28,9 @@ from ..errors import (
     CommitOutcomeUnknownError,
     DatabaseError,
     DatabaseUnavailableError,
+    DiskFullError,
     EventOrderError,
+    InsufficientResourcesError,
     InvalidEventTypeError,
     InvalidKeyError,
     InvalidOwnerError,
@@ -408,11 +410,37 @@ def driver_error(
     if (hint := pooler_hint(exc)) is not None:
         return PoolerModeError(f"PostgreSQL error: {_detail(exc, dsn)}{hint}", sqlstate=sqlstate)
     if isinstance(exc, psycopg.OperationalError) and (
-        sqlstate is None or sqlstate.startswith(_CONNECTION_STATES)
+        sqlstate is None or sqlstate.startswith(_CONNECTION_STATES) or sqlstate == _TOO_MANY
     ):
         return unavailable(exc, "connection to PostgreSQL failed", dsn)
+    if sqlstate is not None and sqlstate.startswith("53"):
+        return insufficient_resources(exc, dsn)
     code = f" {sqlstate}" if sqlstate else ""
     return DatabaseError(f"PostgreSQL error{code}: {_detail(exc, dsn)}", sqlstate=sqlstate)
+
+
+_TOO_MANY = "53300"
+_DISK_FULL = "53100"
+#: What ran out, by SQLSTATE (class 53, "insufficient resources").
+_RAN_OUT = {
+    _DISK_FULL: "the server's disk is full",
+    "53200": "the server is out of memory",
+    "53400": "a server configuration limit was exceeded",
+}
+
+
+def insufficient_resources(
+    exc: psycopg.Error, dsn: str | None = None
+) -> InsufficientResourcesError:
+    """A class-53 error in one line: what ran out, the server's own first line
+    (for a full disk, the file it could not extend), and that nothing was
+    committed (an ERROR rolls its transaction back)."""
+    sqlstate = exc.diag.sqlstate or ""
+    what = _RAN_OUT.get(sqlstate, "the server ran out of a resource")
+    primary = exc.diag.message_primary
+    detail = _detail(exc if primary is None else Exception(primary), dsn)
+    cls = DiskFullError if sqlstate == _DISK_FULL else InsufficientResourcesError
+    return cls(f"{what} (SQLSTATE {sqlstate}): {detail}; nothing was committed", sqlstate=sqlstate)
 
 
 # pglease's own refusals: the SQL error behind them adds nothing for the caller.
