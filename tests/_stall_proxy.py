@@ -57,12 +57,13 @@ class StallProxy:
     # ------------------------------------------------------------------ faults
 
     def pause(self) -> None:
-        """Stop forwarding in both directions; keep every socket open."""
-        self._loop.call_soon_threadsafe(self._flowing.clear)
+        """Stop forwarding in both directions; keep every socket open. In force
+        when this returns: bytes sent after it are held."""
+        self._call(self._switch(False))
 
     def resume(self) -> None:
         """Forward again, the bytes held during the pause first."""
-        self._loop.call_soon_threadsafe(self._flowing.set)
+        self._call(self._switch(True))
 
     def reset(self) -> int:
         """Close every open connection, both sides; return how many there were."""
@@ -101,6 +102,12 @@ class StallProxy:
         event = asyncio.Event()
         event.set()
         return event
+
+    async def _switch(self, flowing: bool) -> None:
+        if flowing:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
 
     async def _count(self) -> int:
         return len(self._writers) // 2

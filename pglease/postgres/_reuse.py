@@ -28,6 +28,10 @@ rather than waiting out `pool_timeout` (`StorePool` notes the pool's failed
 connection attempts, and a caller that would wait tries one connection of
 its own first), and once the server is back the pool reconnects within
 about a second (its retry back-off is capped at `RECONNECT_CAP`).
+
+The pool's connections are `AsyncStoreConnection`s: every wait psycopg makes
+on one (a statement's round trip, BEGIN, COMMIT, a pipeline's sync) ends at
+the store's client deadline, whatever the network does.
 """
 
 from __future__ import annotations
@@ -40,8 +44,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from psycopg import errors, pq
+from psycopg.abc import RV, PQGen
 from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ._fastpath import stalled
 
 _OK = pq.ConnStatus.OK
 _IDLE = pq.TransactionStatus.IDLE
@@ -55,6 +62,45 @@ RECONNECT_CAP = 1.0
 #: How long a caller waits in the pool before it looks again whether the pool
 #: has started failing to connect (then it tries one connection itself).
 _PATIENCE = 0.25
+#: psycopg's own default for how often a wait wakes up to look for an interrupt.
+_WAIT_INTERVAL = 0.1
+
+
+class StoreConnection(psycopg.Connection[Any]):
+    """A store connection whose every wait ends by `deadline` (issue 31).
+
+    The server's statement_timeout cannot end a call whose path went silent (a
+    stalled network, a hung server): its statement, or its answer, never
+    arrives, and psycopg would wait for as long as the socket stays open. Here
+    each of psycopg's waits on the connection (a statement's round trip, BEGIN,
+    COMMIT, a pipeline's sync; also the SQL a caller runs on a borrowed
+    connection) gives up at `deadline` seconds: the connection is closed, so
+    it is never reused (its pool replaces it), and `StalledError` (a
+    `psycopg.OperationalError`) is raised for the caller's usual mapping of a
+    lost connection. A caller's own shorter `timeout` keeps psycopg's meaning.
+    """
+
+    #: Seconds one wait may last (the store's `Limits.client_deadline`, set when
+    #: the pool opens the connection); None: as long as the socket stays open.
+    deadline: float | None = None
+
+    def wait(
+        self, gen: PQGen[RV], interval: float = _WAIT_INTERVAL, timeout: float | None = None
+    ) -> RV:
+        """psycopg's wait, ended at `deadline` (see the class)."""
+        limit = self.deadline
+        if limit is None or (timeout is not None and timeout <= limit):
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, limit)
+        except errors._WaitTimeout:
+            raise stalled(self, limit) from None
+
+
+def set_deadline(conn: psycopg.Connection[Any], seconds: float | None) -> None:
+    """Bound each wait on a store connection to `seconds` (None: unbounded)."""
+    if isinstance(conn, StoreConnection):
+        conn.deadline = seconds
 
 
 class StorePool(ConnectionPool[psycopg.Connection[Any]]):
