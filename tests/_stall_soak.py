@@ -27,7 +27,8 @@ The engine behind ``bench/stall_soak.py`` and ``tests/test_stall_soak.py``.
 
 Violations (`SoakReport.violations`, each one line): two holders of one
 resource at once by the database's generations and expiries; a generation
-going down; an acknowledged write missing; a write by a generation that was
+going down; a holder whose trust window (or its acting on the lease) ran past
+the next generation's claim; an acknowledged write missing; a write by a generation that was
 not the live one (by the audit, and by the counter's sequence); a write
 without its event or an event without its write; a write reported as "nothing
 was committed" present in the table; a revision gap; a watcher that missed,
@@ -88,6 +89,9 @@ RAW_TYPE = "soakraw"
 WRITE_EVENT = "soak.write"
 #: A hold entry counts as over its timeout past timeout + this (scheduling).
 HOLD_SLACK = 0.25
+#: Converting a monotonic instant to Unix time, and the server's clock read
+#: later in its transaction, may differ by this much (the same machine's clock).
+BELIEF_SLACK = 0.05
 #: Errors whose message says nothing was committed: such a write must be absent.
 _NOTHING_COMMITTED = (LeaseLostError, StaleResourceError, LockTimeoutError, StatementTimeoutError)
 
@@ -187,6 +191,13 @@ class _Host:
         self.log("call", name, started, time.monotonic() - started, bound, "ok")
         return result
 
+    def belief(self, rid: str, generation: int, trusted_until: float) -> None:
+        """The last instant this holder could act on its lease (its trust window's
+        close, or now if it stops earlier), as Unix time: the server's clock is
+        this machine's, so the checker compares it with the next claim's."""
+        last = min(trusted_until, time.monotonic())
+        self.log("belief", rid, generation, last + time.time() - time.monotonic())
+
     def guarded(self, name: str, body: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             while not self.stop.is_set():
@@ -278,6 +289,7 @@ class _Host:
                         if new is None:
                             break
                         revision = new
+                    self.belief(rid, gen, lease.trusted_until)
             except PgleaseError as exc:
                 if not entered:
                     took = time.monotonic() - started
@@ -356,6 +368,7 @@ class _Host:
                     self.log("raw_lost", time.monotonic(), rid, claim.generation, "write refused")
                     break
                 revision = new
+            self.belief(rid, claim.generation, trusted)
             if not lost:
                 with contextlib.suppress(PgleaseError, psycopg.Error):
                     self.call("release", self.s.store_bound, lambda c=claim: store.release(c))  # type: ignore[misc]
@@ -572,6 +585,14 @@ def check(tables: Tables, logs: list[list[list[Any]]]) -> list[str]:
                 v.append(f"{rid}: generation {row[1]} claimed at {row[4]} while generation"
                          f" {prev[1]} held it to {prev[3]}")  # fmt: skip
             prev = row
+    # --- no holder acted on its lease after the next generation's claim ----
+    next_claim: dict[tuple[str, int], float] = {}
+    for rid, rows in by_rid.items():
+        for row in rows:
+            for g in range(row[1] - 1, 0, -1):
+                if (rid, g) in next_claim:
+                    break
+                next_claim[(rid, g)] = row[4].timestamp()
     # --- the event log: revisions gap-free, one event per write --------------
     ev_by_rid: dict[str, dict[int, tuple[Any, ...]]] = defaultdict(dict)
     for ev in tables.events:
@@ -624,6 +645,12 @@ def check(tables: Tables, logs: list[list[list[Any]]]) -> list[str]:
                          " but is in the table")  # fmt: skip
             elif kind == "ev":
                 received.append((rec[1], rec[2], rec[3]))
+            elif kind == "belief":
+                taken = next_claim.get((rec[1], rec[2]))
+                if taken is not None and rec[3] > taken + BELIEF_SLACK:
+                    v.append(f"host {h}: trusted generation {rec[2]} of {rec[1]} until"
+                             f" {rec[3]:.3f}, {rec[3] - taken:.3f} s after generation"
+                             f" {rec[2] + 1} was claimed")  # fmt: skip
             elif kind == "escaped":
                 v.append(f"host {h}: a raw error escaped {rec[1]}: {rec[3]}")
             elif kind == "crash":
@@ -745,11 +772,16 @@ def figures(settings: Settings, logs: list[list[list[Any]]], chaos: list[Partiti
     # partition's start (leases it held when cut off).
     keeper: list[float] = []
     raw: list[float] = []
+    acquired: list[dict[tuple[str, int], float]] = []
+    for records in logs:
+        acquired.append({(r[5], r[6]): r[1] + r[2] for r in records if r[0] == "hold" and r[5]})
+        acquired[-1].update({(r[2], r[3]): r[1] for r in records if r[0] == "raw_acq"})
     for p in chaos:
         hosts = range(len(logs)) if p.host < 0 else [p.host]
         for h in hosts:
             for r in logs[h]:
-                if r[0] in ("lost", "raw_lost") and p.start <= r[1] <= p.end + settings.ttl:
+                if (r[0] in ("lost", "raw_lost") and p.start <= r[1] <= p.end + settings.ttl
+                        and acquired[h].get((r[2], r[3]), p.start) < p.start):  # fmt: skip
                     (keeper if r[0] == "lost" else raw).append(r[1] - p.start)
     f["learn_of_loss_hold"] = _spread(keeper)
     f["learn_of_loss_raw"] = _spread(raw)

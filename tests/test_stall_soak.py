@@ -109,6 +109,13 @@ def test_the_checker_finds_what_is_planted(soak: Run) -> None:
                          (held[0], held[1] + 1, "intruder", held[3], held[4]))  # fmt: skip
     assert any("claimed at" in v and "while generation" in v for v in check(overlap, logs))
 
+    # A holder that trusted its lease past the next generation's claim.
+    late = copy.deepcopy(logs)
+    claimed = {(a[0], a[1]): a[4] for a in reversed(tables.audit)}  # first row of each
+    rec = next(r for rs in late for r in rs if r[0] == "belief" and (r[1], r[2] + 1) in claimed)
+    rec[3] = claimed[(rec[1], rec[2] + 1)].timestamp() + 1.0
+    assert any("after generation" in v for v in check(tables, late))
+
     # An event the writes table has no row for (all-or-nothing broken).
     orphan = copy.deepcopy(tables)
     orphan.writes = [w for w in orphan.writes if w[0] != wid]
