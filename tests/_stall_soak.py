@@ -57,7 +57,7 @@ import statistics
 import threading
 import time
 import traceback
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -296,7 +296,7 @@ class _Host:
                     self.log("hold", started, took, self.s.hold_timeout, _outcome(exc), None,
                              None, False)  # fmt: skip
                     if not isinstance(exc, AcquireTimeoutError):
-                        time.sleep(0.1)
+                        time.sleep(0.25)
             except psycopg.Error as exc:
                 self.log("escaped", "hold", started, repr(exc))
                 time.sleep(0.1)
@@ -755,7 +755,8 @@ def figures(settings: Settings, logs: list[list[list[Any]]], chaos: list[Partiti
                "bound": round(max(b for _, b, _ in rows), 2) if name != "renew" else
                "min(store bound, trust window left)",
                "over_bound": sum(d > b for d, b, _ in rows),
-               "errors": sum(o != "ok" for _, _, o in rows)}
+               "errors": sum(o != "ok" for _, _, o in rows),
+               "by_outcome": dict(sorted(Counter(o for _, _, o in rows).items()))}
         for name, rows in sorted(calls.items())
     }  # fmt: skip
     holds = [r for rs in logs for r in rs if r[0] == "hold"]
@@ -767,6 +768,7 @@ def figures(settings: Settings, logs: list[list[list[Any]]], chaos: list[Partiti
         "over_timeout": sum(r[2] > r[3] + HOLD_SLACK for r in holds),
         "granted": sum(r[4] == "ok" for r in holds),
         "handed_out_already_lost": sum(bool(r[7]) for r in holds),
+        "by_outcome": dict(sorted(Counter(r[4] for r in holds).items())),
     }
     # Time to learn of a loss: losses a partitioned host noticed, from the
     # partition's start (leases it held when cut off).
@@ -901,9 +903,12 @@ def run_soak(dsn: str, schema: str, workdir: Path, settings: Settings,
                 continue
             length = min(limit, rnd.uniform(settings.partition_min, settings.partition_max))
             host = rnd.randrange(settings.hosts)
-            aim = rnd.random() < settings.in_transaction
-            chaos.append(_partition(proxies[host], host, length, rnd.choice(("resume", "reset")),
-                                    intx, aim))  # fmt: skip
+            # The first partition is aimed inside a transaction; heals take
+            # turns, so even a short run has each kind.
+            count = sum(p.kind == "partition" for p in chaos)
+            aim = count == 0 or rnd.random() < settings.in_transaction
+            heal = ("resume", "reset")[count % 2]
+            chaos.append(_partition(proxies[host], host, length, heal, intx, aim))
         # Everything healed; let the hosts settle, then stop them.
         for proxy in proxies:
             proxy.accept()
@@ -986,12 +991,12 @@ def summary(report: SoakReport) -> str:
     )
     for name, c in f["calls"].items():
         lines.append(f"  {name:8} n={c['n']:6} longest {c['longest']:6.2f} s  bound {c['bound']}"
-                     f"  over {c['over_bound']}  errors {c['errors']}")  # fmt: skip
+                     f"  over {c['over_bound']}  {c['by_outcome']}")  # fmt: skip
     h = f["hold_entries"]
     lines.append(
         f"hold entries: {h['n']} ({h['granted']} granted), longest {h['longest']} s against"
         f" timeout {h['timeout']} s, {h['over_timeout']} over it by more than {HOLD_SLACK} s;"
-        f" {h['handed_out_already_lost']} handed out already lost"
+        f" {h['handed_out_already_lost']} handed out already lost; {h['by_outcome']}"
     )
     lines.append(f"learn of a loss (ttl {f['ttl']} s): hold {f['learn_of_loss_hold']},"
                  f" raw {f['learn_of_loss_raw']}")  # fmt: skip
