@@ -294,13 +294,14 @@ class PgDriver:
             pool.close()
 
     @contextmanager
-    def connection(self) -> Iterator[Conn]:
-        """Borrow a live autocommit connection from the store's pool.
+    def connection(self, timeout: float | None = None) -> Iterator[Conn]:
+        """Borrow a live autocommit connection from the store's pool (waiting at
+        most `timeout` for one, when shorter than pool_timeout: the runtime's).
 
         This is the driver's own connection: errors of the SQL run on it, and of
         checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
         """
-        with self._stack.borrow() as conn:
+        with self._stack.borrow(timeout) as conn:
             yield conn
 
     def _row(

@@ -305,13 +305,14 @@ class AsyncPgDriver:
     # async-only: end
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConn]:
-        """Borrow a live autocommit connection from the store's pool.
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[AsyncConn]:
+        """Borrow a live autocommit connection from the store's pool (waiting at
+        most `timeout` for one, when shorter than pool_timeout: the runtime's).
 
         This is the driver's own connection: errors of the SQL run on it, and of
         checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
         """
-        async with self._stack.borrow() as conn:
+        async with self._stack.borrow(timeout) as conn:
             yield conn
 
     async def _row(

@@ -175,11 +175,12 @@ class ConnectionStack:
         # Tasks need no lock: nothing awaits while it is held. Threads do.
         self._lock = threading.Lock()
 
-    def take(self, fast: bool = False) -> psycopg.Connection[Any]:
+    def take(self, fast: bool = False, timeout: float | None = None) -> psycopg.Connection[Any]:
         """A live connection for one call; hand it back with `give_back` in a `finally`.
 
         `fast`: for the fast path, which may keep its socket registered with the
         event loop (asyncio); any other use must find it unregistered.
+        `timeout`: wait at most this long for the pool (pool_timeout if shorter).
         Raises the pool's errors (PoolTimeout, PoolClosed), or OperationalError
         when every connection tried was dead; nothing was sent in either case.
         """
@@ -189,7 +190,7 @@ class ConnectionStack:
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
             if conn is None:
-                conn = self._next()
+                conn = self._next(timeout)
             if alive(conn):
                 return conn
             discard(conn)
@@ -197,7 +198,7 @@ class ConnectionStack:
             conn = None
         raise psycopg.OperationalError("every connection tried had been closed by the server")
 
-    def _next(self) -> psycopg.Connection[Any]:
+    def _next(self, timeout: float | None = None) -> psycopg.Connection[Any]:
         """A kept connection, else one from the pool (waiting with a ticket)."""
         ticket = object()
         with self._lock:
@@ -207,13 +208,13 @@ class ConnectionStack:
         if kept is not None:
             return kept
         try:
-            return self._getconn()
+            return self._getconn(timeout)
         finally:
             with self._lock:
                 if ticket in self._tickets:  # not yet used by a `give_back`
                     self._tickets.remove(ticket)
 
-    def _getconn(self) -> psycopg.Connection[Any]:
+    def _getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
         """The pool's `getconn`, unless the pool is failing to connect and so
         is the probe: then the probe's error, within its connect_timeout.
 
@@ -222,9 +223,10 @@ class ConnectionStack:
         server that is back (the pool reconnects within `RECONNECT_CAP`)
         costs one extra connection per waiting caller."""
         pool = self._pool
+        wait = pool.timeout if timeout is None else min(timeout, pool.timeout)
         if self._probe is None or not isinstance(pool, StorePool):
-            return pool.getconn()
-        deadline = time.monotonic() + pool.timeout
+            return pool.getconn(wait)
+        deadline = time.monotonic() + wait
         probed = 0
         while True:
             if pool.failing and pool.failures != probed:
@@ -232,16 +234,16 @@ class ConnectionStack:
                 self._probe()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PoolTimeout(f"couldn't get a connection after {pool.timeout:.2f} sec")
+                raise PoolTimeout(f"couldn't get a connection after {wait:.2f} sec")
             try:
                 return pool.getconn(min(remaining, _PATIENCE))
             except PoolTimeout:
                 continue
 
     @contextmanager
-    def borrow(self) -> Iterator[psycopg.Connection[Any]]:
-        """`take` and `give_back` around a block."""
-        conn = self.take()
+    def borrow(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """`take` (waiting at most `timeout` for the pool) and `give_back` around a block."""
+        conn = self.take(timeout=timeout)
         try:
             yield conn
         finally:

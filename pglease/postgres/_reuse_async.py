@@ -177,11 +177,14 @@ class AsyncConnectionStack:
         # Tasks need no lock: nothing awaits while it is held. Threads do.
         self._lock = nullcontext()  # sync: self._lock = threading.Lock()
 
-    async def take(self, fast: bool = False) -> psycopg.AsyncConnection[Any]:
+    async def take(
+        self, fast: bool = False, timeout: float | None = None
+    ) -> psycopg.AsyncConnection[Any]:
         """A live connection for one call; hand it back with `give_back` in a `finally`.
 
         `fast`: for the fast path, which may keep its socket registered with the
         event loop (asyncio); any other use must find it unregistered.
+        `timeout`: wait at most this long for the pool (pool_timeout if shorter).
         Raises the pool's errors (PoolTimeout, PoolClosed), or OperationalError
         when every connection tried was dead; nothing was sent in either case.
         """
@@ -191,7 +194,7 @@ class AsyncConnectionStack:
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
             if conn is None:
-                conn = await self._next()
+                conn = await self._next(timeout)
             if alive(conn):
                 if not fast:  # sync: -
                     unwatch(conn)  # sync: -
@@ -201,7 +204,7 @@ class AsyncConnectionStack:
             conn = None
         raise psycopg.OperationalError("every connection tried had been closed by the server")
 
-    async def _next(self) -> psycopg.AsyncConnection[Any]:
+    async def _next(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
         """A kept connection, else one from the pool (waiting with a ticket)."""
         ticket = object()
         with self._lock:
@@ -211,13 +214,13 @@ class AsyncConnectionStack:
         if kept is not None:
             return kept
         try:
-            return await self._getconn()
+            return await self._getconn(timeout)
         finally:
             with self._lock:
                 if ticket in self._tickets:  # not yet used by a `give_back`
                     self._tickets.remove(ticket)
 
-    async def _getconn(self) -> psycopg.AsyncConnection[Any]:
+    async def _getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
         """The pool's `getconn`, unless the pool is failing to connect and so
         is the probe: then the probe's error, within its connect_timeout.
 
@@ -226,9 +229,10 @@ class AsyncConnectionStack:
         server that is back (the pool reconnects within `RECONNECT_CAP`)
         costs one extra connection per waiting caller."""
         pool = self._pool
+        wait = pool.timeout if timeout is None else min(timeout, pool.timeout)
         if self._probe is None or not isinstance(pool, AsyncStorePool):
-            return await pool.getconn()
-        deadline = time.monotonic() + pool.timeout
+            return await pool.getconn(wait)
+        deadline = time.monotonic() + wait
         probed = 0
         while True:
             if pool.failing and pool.failures != probed:
@@ -236,16 +240,18 @@ class AsyncConnectionStack:
                 await self._probe()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PoolTimeout(f"couldn't get a connection after {pool.timeout:.2f} sec")
+                raise PoolTimeout(f"couldn't get a connection after {wait:.2f} sec")
             try:
                 return await pool.getconn(min(remaining, _PATIENCE))
             except PoolTimeout:
                 continue
 
     @asynccontextmanager
-    async def borrow(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """`take` and `give_back` around a block."""
-        conn = await self.take()
+    async def borrow(
+        self, timeout: float | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """`take` (waiting at most `timeout` for the pool) and `give_back` around a block."""
+        conn = await self.take(timeout=timeout)
         try:
             yield conn
         finally:
