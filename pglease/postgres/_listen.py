@@ -109,7 +109,7 @@ class PgChangeListener:
         except psycopg.errors.ConnectionTimeout as exc:
             if stall is None:
                 raise log_read_error(exc, _WHAT) from exc
-            cause = silence(exc, options["connect_timeout"], _WHERE)
+            cause = silence(exc, options["connect_timeout"], f"{_WHERE} while connecting")
             raise silence_error(cause, _WHAT) from cause
         except psycopg.Error as exc:
             raise log_read_error(exc, _WHAT) from exc
