@@ -142,8 +142,10 @@ class PgChangeListener:
         request's); psycopg's errors become `LogReadError`s."""
         if seconds is None:
             seconds = self.request.stall_timeout
-        deadline = _stall.arm(conn, seconds)
+        deadline: _stall.Deadline | None = None
         try:
+            # Inside the try: a line libpq already dropped has no socket to arm.
+            deadline = _stall.arm(conn, seconds)
             yield conn
         except psycopg.Error as exc:
             if deadline is not None and deadline.fired:
