@@ -237,9 +237,13 @@ def test_sync_a_stall_longer_than_the_retry_window_is_watch_failed(
             mode=mode, interval=_interval(mode), stall_timeout=STALL, retry_window=RETRY_WINDOW
         )
         try:
-            assert watcher.get(timeout=0.2) is None
+            rid = pg_store.ensure_resource("job", "stall")
+            cycle(pg_store, rid)
+            before = take(watcher, 2)
             stall_proxy.pause()
             started = time.monotonic()
+            for _ in range(CYCLES):
+                cycle(pg_store, rid)
             error = _failed_sync(watcher)
             assert time.monotonic() - started >= RETRY_WINDOW
             assert SILENCE in str(error)
@@ -250,6 +254,14 @@ def test_sync_a_stall_longer_than_the_retry_window_is_watch_failed(
         finally:
             stall_proxy.resume()
             watcher.close()
+        # Resumed from its cursor once the path heals: what the stall held back
+        # arrives exactly once, in order (the new watcher's own catch-up reads).
+        committed = log_after(pg_store, before[-1].cursor)
+        assert len(committed) == 2 * CYCLES
+        with store.watch(after=watcher.cursor, mode=mode, stall_timeout=STALL) as resumed:
+            got = take(resumed, len(committed))
+            assert [e.id for e in got] == [e.id for e in committed]
+            assert resumed.get(timeout=0.3) is None
 
 
 @pytest.mark.parametrize("mode", ["listen", "poll"])
@@ -261,9 +273,14 @@ async def test_async_a_stall_longer_than_the_retry_window_is_watch_failed(
             mode=mode, interval=_interval(mode), stall_timeout=STALL, retry_window=RETRY_WINDOW
         )
         try:
-            assert await watcher.get(timeout=0.2) is None
+            await watcher.start()  # "now" is now, before the first event
+            rid = pg_store.ensure_resource("job", "stall")
+            await asyncio.to_thread(cycle, pg_store, rid)
+            before = await take_async(watcher, 2)
             stall_proxy.pause()
             started = time.monotonic()
+            for _ in range(CYCLES):
+                await asyncio.to_thread(cycle, pg_store, rid)
             error = await _failed_async(watcher)
             assert time.monotonic() - started >= RETRY_WINDOW
             assert SILENCE in str(error)
@@ -272,6 +289,12 @@ async def test_async_a_stall_longer_than_the_retry_window_is_watch_failed(
         finally:
             stall_proxy.resume()
             await watcher.aclose()
+        committed = log_after(pg_store, before[-1].cursor)
+        assert len(committed) == 2 * CYCLES
+        async with store.watch(after=watcher.cursor, mode=mode, stall_timeout=STALL) as resumed:
+            got = await take_async(resumed, len(committed))
+            assert [e.id for e in got] == [e.id for e in committed]
+            assert await resumed.get(timeout=0.3) is None
 
 
 # ------------------------------------------------- the readers, one round trip each
