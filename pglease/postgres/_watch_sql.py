@@ -129,8 +129,8 @@ def silence(exc: psycopg.Error, seconds: float, where: str) -> DatabaseUnavailab
     return error
 
 
-def silence_error(silence: DatabaseUnavailableError, what: str) -> LogReadError:
-    """`silence` as the listen protocol's error: a lost line, so retrying may
-    heal it. Raise it ``from silence``: the silence, not psycopg's error, is
+def silence_error(cause: DatabaseUnavailableError, what: str) -> LogReadError:
+    """A `silence` as the listen protocol's error: a lost line, so retrying may
+    heal it. Raise it ``from cause``: the silence, not psycopg's error, is
     what the watch readers record and report."""
-    return LogReadError(f"{what} failed: {silence}", permanent=False)
+    return LogReadError(f"{what} failed: {cause}", permanent=False)
