@@ -31,6 +31,9 @@ DEFAULT_RETRY_WINDOW = 30.0
 RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 #: Default bound: queued events per watcher before it reads from the log instead.
 DEFAULT_MAX_PENDING = 10_000
+#: How long a watcher's connection may go without an answer from the server
+#: before the silence is an error (a stalled network path, a hung server).
+DEFAULT_STALL_TIMEOUT = 5.0
 
 
 def check_max_events(value: object) -> int:
@@ -228,6 +231,14 @@ def describe_plain(exc: BaseException) -> str:
 def check_retry_window(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
         raise ValidationError("retry_window must be a number of seconds in (0, 86400]")
+    return float(value)
+
+
+def check_stall_timeout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise ValidationError(
+            f"stall_timeout must be a number of seconds in (0, 3600], got {describe(value)}"
+        )
     return float(value)
 
 

@@ -16,7 +16,10 @@ of `pglease.driver.listen_ops`.
 
 Errors: a read or a wait raises `LogReadError`, whose `permanent` flag tells
 a lost connection (the hub reconnects and catches up) from trouble no retry
-heals (privileges, a missing schema); `check_position` raises
+heals (privileges, a missing schema); a round trip that gets no answer
+within its stall timeout (`ListenRequest.stall_timeout`, `PageOp.stall_timeout`)
+is a lost connection, its cause a `DatabaseUnavailableError` that names the
+silence; `check_position` raises
 `ForeignCursorError` when the position is not one of this log; a reader's
 `start` raises what any store call raises (and the cursor errors of
 `pglease.cursor_check`); a closed store is `WatchClosedError`. Nothing else
@@ -86,10 +89,11 @@ class LogReader(Protocol):
     @property
     def pooler(self) -> bool: ...
 
-    def start(self, cursor: Cursor | None) -> StartPoint:
+    def start(self, cursor: Cursor | None, stall_timeout: float | None = None) -> StartPoint:
         """Where a watcher starts: "now" for None, else `cursor`, checked against
         this log (`CursorAheadError`, `HistoryDivergedError`; an expired cursor
-        fails on the first page instead)."""
+        fails on the first page instead). No answer within `stall_timeout`
+        seconds (None: no client-side bound) is `DatabaseUnavailableError`."""
         ...
 
     def read_log(self, op: PageOp) -> LogPage:

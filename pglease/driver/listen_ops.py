@@ -23,21 +23,29 @@ class ListenRequest:
 
     `listen`: wait for the backend's wake-ups (NOTIFY), else only poll;
     `pooler`: behind a transaction pooler (no session state, no prepared
-    statements; never with `listen`)."""
+    statements; never with `listen`); `stall_timeout`: seconds each round trip
+    on the listener's line (the connect included) may go without an answer
+    before it fails as a lost line (None: no client-side bound)."""
 
     source: str
     schema: str
     listen: bool
     pooler: bool
+    stall_timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PageOp:
-    """Read at most `limit` committed events after `after`, up to `upto` (included)."""
+    """Read at most `limit` committed events after `after`, up to `upto` (included).
+
+    `stall_timeout`: seconds the read may go without an answer before it fails
+    as a lost connection (None: a listener's own `ListenRequest.stall_timeout`,
+    a log reader's no client-side bound)."""
 
     after: Position
     upto: Position
     limit: int
+    stall_timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,21 @@ a session only while it is connected and between transactions. LISTEN comes
 first (it commits at once in autocommit), then every read: any event
 committed after `open` returns is either read or notifies. Behind a
 transaction pooler nothing is LISTENed and nothing is prepared (the hub polls).
+
+Every round trip on the line is bounded by the request's `stall_timeout`
+(issue 31): a path that stops forwarding bytes leaves the socket open, and
+psycopg (or libpq's blocking exec) would wait for as long as it stays so. At
+the deadline `_stall.arm` shuts the socket down, the call fails at once, and
+the error names the silence: the hub records it (health turns unhealthy),
+drops the line and reconnects, the connect bounded the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -24,7 +33,16 @@ from .. import cursor_check
 from ..cursors import Cursor, Position
 from ..driver.listen_ops import ListenRequest, LogPage, LogReadError, PageOp
 from ..errors import ValidationError
-from ._watch_sql import WatchQueries, channel_name, log_read_error, parse_page, read_args
+from . import _stall
+from ._watch_sql import (
+    WatchQueries,
+    channel_name,
+    log_read_error,
+    parse_page,
+    read_args,
+    silence,
+    silence_error,
+)
 
 #: The name of the hub's prepared read on its own connection.
 READ_STATEMENT = b"pglease_watch_read"
@@ -32,6 +50,15 @@ _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 #: What the errors of this listener say failed.
 _WHAT = "the watch stream's connection"
+#: Where a stall was, in the error that names it.
+_WHERE = "the watch connection"
+#: libpq's (and psycopg's) smallest connect_timeout: lower values count as 2 s.
+_MIN_CONNECT_TIMEOUT = 2
+
+
+def connect_timeout(stall_timeout: float) -> int:
+    """The connect_timeout (whole seconds, libpq's rule) for a stall bound."""
+    return max(_MIN_CONNECT_TIMEOUT, math.ceil(stall_timeout))
 
 
 def check_result(conn: psycopg.Connection[Any], result: pq.abc.PGresult, expected: int) -> None:
@@ -69,38 +96,70 @@ class PgChangeListener:
         """Connect, LISTEN (listen mode) and prepare the read; on failure
         nothing stays open."""
         request = self.request
-        conn: psycopg.Connection[Any] | None = None
+        options: dict[str, Any] = {"autocommit": True}
+        if request.pooler:
+            options["prepare_threshold"] = None
+        stall = request.stall_timeout
+        if stall is not None:
+            # A paused path accepts the TCP connection and then answers nothing:
+            # without a bound psycopg waits 130 s (its default) per attempt.
+            options["connect_timeout"] = connect_timeout(stall)
         try:
-            if request.pooler:
-                conn = psycopg.connect(request.source, autocommit=True, prepare_threshold=None)
-            else:
-                conn = psycopg.connect(request.source, autocommit=True)
-            if request.listen:
-                # LISTEN first, then read: nothing committed after this can slip by.
-                conn.execute(sql.SQL("LISTEN {}").format(self._channel))
-            # The read goes straight through libpq as a prepared statement, its
-            # rows loaded by psycopg's C loaders: psycopg's cursor machinery
-            # would cost more client CPU per read than the server spends on it.
-            # Behind a transaction pooler it is an unnamed statement (parsed
-            # each time): a named one would exist on one server connection only.
-            if not request.pooler:
-                result = conn.pgconn.prepare(READ_STATEMENT, self._q.read_prepared)
-                check_result(conn, result, _COMMAND_OK)
+            conn = psycopg.connect(request.source, **options)
+        except psycopg.errors.ConnectionTimeout as exc:
+            if stall is None:
+                raise log_read_error(exc, _WHAT) from exc
+            cause = silence(exc, options["connect_timeout"], f"{_WHERE} while connecting")
+            raise silence_error(cause, _WHAT) from cause
         except psycopg.Error as exc:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
             raise log_read_error(exc, _WHAT) from exc
+        try:
+            with self._bounded(conn):
+                if request.listen:
+                    # LISTEN first, then read: nothing committed after this can slip by.
+                    conn.execute(sql.SQL("LISTEN {}").format(self._channel))
+                # The read goes straight through libpq as a prepared statement, its
+                # rows loaded by psycopg's C loaders: psycopg's cursor machinery
+                # would cost more client CPU per read than the server spends on it.
+                # Behind a transaction pooler it is an unnamed statement (parsed
+                # each time): a named one would exist on one server connection only.
+                if not request.pooler:
+                    result = conn.pgconn.prepare(READ_STATEMENT, self._q.read_prepared)
+                    check_result(conn, result, _COMMAND_OK)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
         self._loader = Transformer.from_context(conn)
         self._woken = False
         self._conn = conn
 
-    def set_listening(self, on: bool) -> None:
-        conn = self._live()
+    @contextlib.contextmanager
+    def _bounded(
+        self, conn: psycopg.Connection[Any], seconds: float | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """One round trip on `conn` under the stall timeout (`seconds`, else the
+        request's); psycopg's errors become `LogReadError`s."""
+        if seconds is None:
+            seconds = self.request.stall_timeout
+        deadline: _stall.Deadline | None = None
         try:
-            conn.execute(sql.SQL("LISTEN {}" if on else "UNLISTEN {}").format(self._channel))
+            # Inside the try: a line libpq already dropped has no socket to arm.
+            deadline = _stall.arm(conn, seconds)
+            yield conn
         except psycopg.Error as exc:
+            if deadline is not None and deadline.fired:
+                cause = silence(exc, deadline.seconds, _WHERE)
+                raise silence_error(cause, _WHAT) from cause
             raise log_read_error(exc, _WHAT) from exc
+        finally:
+            if deadline is not None:
+                # Before anyone may close the connection (its descriptor could be reused).
+                deadline.cancel()
+
+    def set_listening(self, on: bool) -> None:
+        with self._bounded(self._live()) as conn:
+            conn.execute(sql.SQL("LISTEN {}" if on else "UNLISTEN {}").format(self._channel))
 
     def wait(self, timeout: float) -> bool:
         if self._woken:
@@ -119,10 +178,8 @@ class PgChangeListener:
             raise log_read_error(exc, _WHAT) from exc
 
     def frontier(self) -> Position:
-        try:
-            row = self._live().execute(self._q.frontier).fetchone()
-        except psycopg.Error as exc:
-            raise log_read_error(exc, _WHAT) from exc
+        with self._bounded(self._live()) as conn:
+            row = conn.execute(self._q.frontier).fetchone()
         assert row is not None  # the view has one row
         return Position(int(row[0]), 0)
 
@@ -133,7 +190,7 @@ class PgChangeListener:
         # snapshot (its writer had committed).
         self._woken = False
         pgconn = conn.pgconn
-        try:
+        with self._bounded(conn, op.stall_timeout):
             if self.request.pooler:
                 result = pgconn.exec_params(self._q.read_prepared, args)
             else:
@@ -149,16 +206,12 @@ class PgChangeListener:
             assert loader is not None
             loader.set_pgresult(result)
             rows = loader.load_rows(0, result.ntuples, tuple)
-        except psycopg.Error as exc:
-            raise log_read_error(exc, _WHAT) from exc
         return parse_page(rows, op.limit)
 
     def check_position(self, cursor: Cursor) -> None:
         queries = cursor_check.pg_queries(self.request.schema)
-        try:
-            row = self._live().execute(queries.check, cursor_check.pg_check_args(cursor)).fetchone()
-        except psycopg.Error as exc:
-            raise log_read_error(exc, _WHAT) from exc
+        with self._bounded(self._live()) as conn:
+            row = conn.execute(queries.check, cursor_check.pg_check_args(cursor)).fetchone()
         assert row is not None  # the check returns one row
         cursor_check.pg_verify(cursor, row, refuse_expired=False)
 

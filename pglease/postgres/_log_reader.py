@@ -4,7 +4,8 @@
 The listen protocol's log reader (`pglease.driver.listen_async`) for a
 PostgreSQL store: a watcher's start and catch-up pages run on the store's
 own pooled connections; the hub's listener (`_listen.PgChangeListener`) gets
-a dedicated one.
+a dedicated one. Each is bounded by the watcher's stall timeout (`_stall`):
+a pooled connection that got no answer is shut down, and the pool replaces it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from ..driver.listen_ops import ListenRequest, LogPage, PageOp, StartPoint
 from ..errors import WatchClosedError
 from ._core import driver_error
 from ._listen import PgChangeListener
-from ._watch_sql import WatchQueries, log_read_error, parse_page, read_args
+from ._stall import arm
+from ._watch_sql import (
+    WatchQueries,
+    log_read_error,
+    parse_page,
+    read_args,
+    silence,
+    silence_error,
+)
 
 if TYPE_CHECKING:
     from ..driver.listen import ChangeListener, LogReader
@@ -28,6 +37,8 @@ if TYPE_CHECKING:
 
 #: What the errors of a catch-up read say failed.
 _WHAT = "a watcher's catch-up read"
+#: Where a stall was, in the error that names it.
+_WHERE = "a watcher's connection"
 
 
 class PgLogReader:
@@ -49,7 +60,7 @@ class PgLogReader:
     def pooler(self) -> bool:
         return self._store.pooler
 
-    def start(self, cursor: Cursor | None) -> StartPoint:
+    def start(self, cursor: Cursor | None, stall_timeout: float | None = None) -> StartPoint:
         queries = cursor_check.pg_queries(self._store.schema)
         if cursor is None:
             query, args = queries.now, []
@@ -57,8 +68,17 @@ class PgLogReader:
             query, args = queries.check, cursor_check.pg_check_args(cursor)
         try:
             with self._store.connection() as conn:
-                cur = conn.execute(query, args)
-                row = cur.fetchone()
+                deadline = arm(conn, stall_timeout)
+                try:
+                    cur = conn.execute(query, args)
+                    row = cur.fetchone()
+                except psycopg.Error as exc:
+                    if deadline is not None and deadline.fired:
+                        raise silence(exc, deadline.seconds, _WHERE) from exc
+                    raise
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()  # before the connection goes back to the pool
         except psycopg.Error as exc:
             # Nothing to retry yet: the caller learns at once (closed store,
             # server away, privileges), as from any other store call.
@@ -73,8 +93,18 @@ class PgLogReader:
     def read_log(self, op: PageOp) -> LogPage:
         try:
             with self._store.connection() as conn:
-                cur = conn.execute(self._q.read, read_args(op.after, op.upto, op.limit))
-                rows = cur.fetchall()
+                deadline = arm(conn, op.stall_timeout)
+                try:
+                    cur = conn.execute(self._q.read, read_args(op.after, op.upto, op.limit))
+                    rows = cur.fetchall()
+                except psycopg.Error as exc:
+                    if deadline is not None and deadline.fired:
+                        cause = silence(exc, deadline.seconds, _WHERE)
+                        raise silence_error(cause, _WHAT) from cause
+                    raise
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()  # before the connection goes back to the pool
         except PoolClosed:
             raise WatchClosedError("the store was closed") from None
         except psycopg.Error as exc:

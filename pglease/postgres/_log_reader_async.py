@@ -3,7 +3,8 @@
 The listen protocol's log reader (`pglease.driver.listen_async`) for a
 PostgreSQL store: a watcher's start and catch-up pages run on the store's
 own pooled connections; the hub's listener (`_listen.PgChangeListener`) gets
-a dedicated one.
+a dedicated one. Each is bounded by the watcher's stall timeout (`_stall`):
+a pooled connection that got no answer is shut down, and the pool replaces it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from ..driver.listen_ops import ListenRequest, LogPage, PageOp, StartPoint
 from ..errors import WatchClosedError
 from ._core import driver_error
 from ._listen import PgChangeListener
-from ._watch_sql import WatchQueries, log_read_error, parse_page, read_args
+from ._stall import arm_async
+from ._watch_sql import (
+    WatchQueries,
+    log_read_error,
+    parse_page,
+    read_args,
+    silence,
+    silence_error,
+)
 
 if TYPE_CHECKING:
     from ..driver.listen import ChangeListener
@@ -28,6 +37,8 @@ if TYPE_CHECKING:
 
 #: What the errors of a catch-up read say failed.
 _WHAT = "a watcher's catch-up read"
+#: Where a stall was, in the error that names it.
+_WHERE = "a watcher's connection"
 
 
 class AsyncPgLogReader:
@@ -49,7 +60,7 @@ class AsyncPgLogReader:
     def pooler(self) -> bool:
         return self._store.pooler
 
-    async def start(self, cursor: Cursor | None) -> StartPoint:
+    async def start(self, cursor: Cursor | None, stall_timeout: float | None = None) -> StartPoint:
         queries = cursor_check.pg_queries(self._store.schema)
         if cursor is None:
             query, args = queries.now, []
@@ -57,8 +68,17 @@ class AsyncPgLogReader:
             query, args = queries.check, cursor_check.pg_check_args(cursor)
         try:
             async with self._store.connection() as conn:
-                cur = await conn.execute(query, args)
-                row = await cur.fetchone()
+                deadline = arm_async(conn, stall_timeout)
+                try:
+                    cur = await conn.execute(query, args)
+                    row = await cur.fetchone()
+                except psycopg.Error as exc:
+                    if deadline is not None and deadline.fired:
+                        raise silence(exc, deadline.seconds, _WHERE) from exc
+                    raise
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()  # before the connection goes back to the pool
         except psycopg.Error as exc:
             # Nothing to retry yet: the caller learns at once (closed store,
             # server away, privileges), as from any other store call.
@@ -73,8 +93,18 @@ class AsyncPgLogReader:
     async def read_log(self, op: PageOp) -> LogPage:
         try:
             async with self._store.connection() as conn:
-                cur = await conn.execute(self._q.read, read_args(op.after, op.upto, op.limit))
-                rows = await cur.fetchall()
+                deadline = arm_async(conn, op.stall_timeout)
+                try:
+                    cur = await conn.execute(self._q.read, read_args(op.after, op.upto, op.limit))
+                    rows = await cur.fetchall()
+                except psycopg.Error as exc:
+                    if deadline is not None and deadline.fired:
+                        cause = silence(exc, deadline.seconds, _WHERE)
+                        raise silence_error(cause, _WHAT) from cause
+                    raise
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()  # before the connection goes back to the pool
         except PoolClosed:
             raise WatchClosedError("the store was closed") from None
         except psycopg.Error as exc:

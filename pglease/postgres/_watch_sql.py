@@ -16,11 +16,20 @@ from .._watch_common import cannot_heal, channel_name
 from ..cursors import Position, fingerprint
 from ..driver.listen_ops import LogPage, LogReadError
 from ..dsn import redact_text
+from ..errors import DatabaseUnavailableError
 from ..payloads import decode_payload
 from ..types import Event, Owner
 from ._sqltext import for_schema
 
-__all__ = ["WatchQueries", "channel_name", "log_read_error", "parse_page", "read_args"]
+__all__ = [
+    "WatchQueries",
+    "channel_name",
+    "log_read_error",
+    "parse_page",
+    "read_args",
+    "silence",
+    "silence_error",
+]
 
 
 class WatchQueries:
@@ -107,3 +116,21 @@ def log_read_error(exc: psycopg.Error, what: str) -> LogReadError:
     )
     error.__cause__ = exc
     return error
+
+
+def silence(exc: psycopg.Error, seconds: float, where: str) -> DatabaseUnavailableError:
+    """The error of a round trip that got no answer within its stall timeout
+    (`exc`, psycopg's "connection lost" that the closing caused, its cause)."""
+    error = DatabaseUnavailableError(
+        f"no answer from the server for {seconds:g} s on {where} (stall_timeout);"
+        " the connection was closed"
+    )
+    error.__cause__ = exc
+    return error
+
+
+def silence_error(cause: DatabaseUnavailableError, what: str) -> LogReadError:
+    """A `silence` as the listen protocol's error: a lost line, so retrying may
+    heal it. Raise it ``from cause``: the silence, not psycopg's error, is
+    what the watch readers record and report."""
+    return LogReadError(f"{what} failed: {cause}", permanent=False)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from .._watch_common import (
     DEFAULT_MAX_PENDING,
     DEFAULT_RETRY_WINDOW,
+    DEFAULT_STALL_TIMEOUT,
     HubTuning,
     check_max_events,
 )
@@ -38,7 +39,7 @@ class AsyncSqliteWatcher(SqliteWatcherBase):
     watcher.get()``). A `SqliteWatcher` starts in its constructor, an
     `AsyncSqliteWatcher` in `start()`, ``async with`` or its first `get`.
     The arguments are `PostgresStore.watch`'s; see `pglease.sqlite.watch`
-    for what `mode`, `max_pending` and `tuning` mean for SQLite.
+    for what `mode`, `max_pending`, `tuning` and `stall_timeout` mean for SQLite.
     """
 
     def __init__(
@@ -55,10 +56,11 @@ class AsyncSqliteWatcher(SqliteWatcherBase):
         retry_window: float = DEFAULT_RETRY_WINDOW,
         clock: Clock | None = None,
         tuning: HubTuning | None = None,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     ) -> None:
         super().__init__(
             store.path, after, types, resources, event_types, mode, interval, max_pending,
-            retry_window, clock, tuning,
+            retry_window, clock, tuning, stall_timeout,
         )  # fmt: skip
         self._store = store
         # A blocking watcher starts at once: "now" means when it was made.

@@ -22,6 +22,7 @@ from .._watch_common import (
     check_max_pending,
     check_mode,
     check_retry_window,
+    check_stall_timeout,
     check_tuning,
     make_health,
 )
@@ -95,6 +96,7 @@ class SqliteWatcherBase:
         retry_window: float,
         clock: Clock | None,
         tuning: HubTuning | None,
+        stall_timeout: float,
     ) -> None:
         check_sqlite_mode(mode)
         self.mode: Mode = "poll"
@@ -106,6 +108,9 @@ class SqliteWatcherBase:
         # Accepted so that code written for either store runs on both; a
         # SQLite watcher has no hub, so there is nothing to tune.
         self.tuning = check_tuning(tuning)
+        # Checked and kept for the same reason: a local file has no network path
+        # that could go silent, so nothing waits on an answer from a server.
+        self.stall_timeout = check_stall_timeout(stall_timeout)
         self._filters = Filters.build(types, resources, event_types)
         #: The position after the last event read (handed out or not, matching
         #: the filters or not); None until the start is resolved.

@@ -20,6 +20,8 @@ The arguments are `PostgresStore.watch`'s, with what they mean here:
 - `retry_window`, `clock`: as for PostgreSQL (below).
 - `tuning`: accepted (a `HubTuning` or None) so that code written for either
   store runs on both; a SQLite watcher has no hub, so nothing is tuned.
+- `stall_timeout`: checked as for PostgreSQL (seconds in (0, 3600]) and
+  ignored: a local file has no network path that could go silent.
 
 Errors, as for PostgreSQL watchers: a failed poll is logged and retried
 (``database is locked``, a file that cannot be opened for a moment) until

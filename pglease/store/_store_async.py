@@ -241,6 +241,7 @@ class AsyncLeaseStore(ABC, Generic[C, W]):
         retry_window: float = 30.0,
         clock: Clock | None = None,
         tuning: HubTuning | None = None,
+        stall_timeout: float = 5.0,
     ) -> W:
         """Stream committed events gap-free from `after` (a cursor, "now" or "start").
 
@@ -248,6 +249,9 @@ class AsyncLeaseStore(ABC, Generic[C, W]):
         missed span from the log itself (bounded memory, nothing lost). Errors
         that cannot heal, or that last `retry_window` seconds, reach the consumer
         as `WatchFailedError`; `watcher.health` tells the last error and the lag.
+        On PostgreSQL a round trip unanswered for `stall_timeout` seconds (a
+        stalled path, a hung server) is such an error, and the stream reads at
+        least that often; SQLite checks and ignores it (a local file).
         On PostgreSQL `mode` defaults to "listen", or "poll" in pooler mode
         (where "listen" is refused: a pooler does not keep a LISTEN's session);
         SQLite polls the event table every `interval` seconds (50 ms default),
@@ -264,6 +268,7 @@ class AsyncLeaseStore(ABC, Generic[C, W]):
             retry_window=retry_window,
             clock=clock,
             tuning=tuning,
+            stall_timeout=stall_timeout,
         )
 
     @abstractmethod

@@ -135,6 +135,17 @@ Errors and health
     reconnects and the lag. Elapsed-time decisions (the rate estimate, the
     retry window) read an injectable `pglease.clock.Clock`; waits stay real.
 
+    Silence is an error too (``stall_timeout``, 5 s by default): a stalled
+    network path keeps the socket open, so every round trip on the hub's
+    connection, its connect, and a watcher's own catch-up reads and start
+    must be answered within it (`pglease.postgres._stall` shuts the socket
+    down otherwise), and the hub reads at least every
+    ``min(interval, stall_timeout)``, also in listen mode, since waiting for
+    a NOTIFY sends nothing. The failure is a `DatabaseUnavailableError` that
+    says "no answer from the server", and follows the rule above: health
+    unhealthy, the connection replaced, catch-up from the tip once the
+    server answers, `WatchFailedError` after ``retry_window``.
+
 Retention
     `prune` deletes events older than a duration, as a prefix of the read
     order, and records the last deleted position. A watcher whose cursor lies

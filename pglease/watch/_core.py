@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 # Re-exported: the watch package's modules and tests import them from here.
 from .._watch_common import DEFAULT_RETRY_WINDOW as DEFAULT_RETRY_WINDOW
+from .._watch_common import DEFAULT_STALL_TIMEOUT as DEFAULT_STALL_TIMEOUT
 from .._watch_common import RETRY_DELAYS as RETRY_DELAYS
 from .._watch_common import Filters as Filters
 from .._watch_common import Mode as Mode

@@ -25,7 +25,7 @@ from ..driver.listen_ops import LogReadError
 from ..errors import WatchClosedError
 from ..types import Event
 from . import hub as _hub
-from ._core import DEFAULT_RETRY_WINDOW, WatchHealth
+from ._core import DEFAULT_RETRY_WINDOW, DEFAULT_STALL_TIMEOUT, WatchHealth
 from ._fanout import Subscription, subscribe
 from ._watcher_base import WatchedStore, WatcherBase, check_max_events
 from .mailbox import DEFAULT_MAX_PENDING, Mailbox
@@ -56,7 +56,15 @@ class Watcher(WatcherBase):
     when reads fail with an error that cannot heal (privileges revoked, schema
     dropped) or keep failing for `retry_window` seconds (default 30);
     transient errors meanwhile are retried and logged on the ``pglease.watch``
-    logger. `health` tells the last error, reconnects and lag. `clock` and
+    logger. `stall_timeout` (default 5 s, in (0, 3600]) bounds each round trip
+    to the server: the stream reads at least that often, also while it waits
+    for NOTIFYs, and a read, connect or catch-up read that gets no answer for
+    that long fails as a lost connection (a stalled path that keeps its
+    socket open, a hung server): `health` then turns unhealthy, its
+    `last_error` saying "no answer from the server", the connection is
+    replaced, and the stream catches up from where it was once the server
+    answers again; a silence that lasts `retry_window` is `WatchFailedError`.
+    `health` tells the last error, reconnects and lag. `clock` and
     `tuning` are for tests (a `pglease.clock.FakeClock`, `hub.HubTuning`
     thresholds). A cursor that is not a position in this store's log is
     refused when the watcher starts, before it joins the stream:
@@ -82,10 +90,11 @@ class Watcher(WatcherBase):
         retry_window: float = DEFAULT_RETRY_WINDOW,
         clock: Clock | None = None,
         tuning: _hub.HubTuning | None = None,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     ) -> None:
         super().__init__(
             store, after, types, resources, event_types, mode, interval, max_pending,
-            retry_window, clock, tuning,
+            retry_window, clock, tuning, stall_timeout,
         )  # fmt: skip
         self._reader = store.log_reader()
         self._mailbox = Mailbox(self.max_pending)
@@ -112,7 +121,9 @@ class Watcher(WatcherBase):
             raise WatchClosedError("the watcher is closed")
         # "start" asks nothing; "now" and a cursor ask the log. Nothing to retry
         # yet: the caller learns at once (closed store, server away, privileges).
-        start = None if self._from_start else self._reader.start(self._start_cursor)
+        start = (
+            None if self._from_start else self._reader.start(self._start_cursor, self.stall_timeout)
+        )
         self._state = self._start_state(start)
         subscription = self._subscription = subscribe(self._hub_key, self._mailbox, self._connect)
         self._hub = self._seen_hub = subscription.hub
@@ -219,10 +230,11 @@ def watch(
     retry_window: float = DEFAULT_RETRY_WINDOW,
     clock: Clock | None = None,
     tuning: _hub.HubTuning | None = None,
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT,
 ) -> Watcher:
     """A watcher on `store` (see `AsyncWatcher`)."""
     return Watcher(
         store, after=after, types=types, resources=resources, event_types=event_types,
         mode=mode, interval=interval, max_pending=max_pending, retry_window=retry_window,
-        clock=clock, tuning=tuning,
+        clock=clock, tuning=tuning, stall_timeout=stall_timeout,
     )  # fmt: skip

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from .._watch_common import check_max_events as check_max_events
-from .._watch_common import check_tuning
+from .._watch_common import check_stall_timeout, check_tuning
 from ..clock import SYSTEM_CLOCK, Clock
 from ..cursors import Cursor, parse_cursor
 from ..driver.listen import LogReader
@@ -79,6 +79,7 @@ class WatcherBase:
         retry_window: float,
         clock: Clock | None,
         tuning: _hub.HubTuning | None,
+        stall_timeout: float,
     ) -> None:
         reader = store.log_reader()
         pooler = reader.pooler
@@ -91,12 +92,14 @@ class WatcherBase:
                 " session for LISTEN): use mode='poll', the default there"
             )
         self.retry_window = check_retry_window(retry_window)
+        self.stall_timeout = check_stall_timeout(stall_timeout)
         self._clock: Clock = SYSTEM_CLOCK if clock is None else clock
         self._options = _hub.HubOptions(
             self.retry_window,
             self._clock,
             check_tuning(tuning),
             pooler,
+            self.stall_timeout,
         )
         self.max_pending = check_max_pending(max_pending)
         default = DEFAULT_FALLBACK_INTERVAL if self.mode == "listen" else DEFAULT_POLL_INTERVAL
@@ -167,7 +170,7 @@ class WatcherBase:
 
     def _page_op(self, state: WatchState) -> PageOp:
         assert state.join is not None
-        return PageOp(state.position, state.join, PAGE)
+        return PageOp(state.position, state.join, PAGE, self.stall_timeout)
 
     @staticmethod
     def _on_item(state: WatchState, item: Item, mailbox: SyncMailbox | AsyncMailbox) -> None:

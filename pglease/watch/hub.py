@@ -5,6 +5,13 @@ The hub keeps a tip position and reads the log after it whenever it is woken
 (a NOTIFY, a re-poll, the fallback timer), then hands each batch to every
 subscriber. See the package docstring for why no event can be stranded.
 
+Liveness: every round trip on the hub's connection (the connect included) is
+bounded by `stall_timeout`, and the hub reads at least every
+min(interval, stall_timeout), also while it waits for NOTIFYs in listen mode:
+a path that stops forwarding bytes keeps its socket open, and a connection
+that only waits would never learn that it hears nothing. Silence is then an
+error like a lost connection (see below), named as such in `health`.
+
 Errors: a lost connection or a failed read is logged and retried with backoff
 from the tip; an error that cannot heal (privileges, a missing schema), or
 any error that persists for `retry_window` seconds, is sent to every
@@ -23,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _instrument
+from .._watch_common import DEFAULT_STALL_TIMEOUT
 from .._watch_common import DEFAULT_TUNING as DEFAULT_TUNING
 from .._watch_common import HubTuning as HubTuning
 from ..clock import SYSTEM_CLOCK, Clock
@@ -74,6 +82,7 @@ class Hub:
         clock: Clock = SYSTEM_CLOCK,
         retry_window: float = DEFAULT_RETRY_WINDOW,
         pooler: bool = False,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     ) -> None:
         if pooler and mode == "listen":
             raise ValueError("a hub in pooler mode cannot LISTEN")  # the watcher says why
@@ -86,6 +95,9 @@ class Hub:
         self.mode = mode
         #: listen mode: fallback poll when no NOTIFY arrives; poll mode: poll period.
         self.interval = interval
+        #: How long a round trip may go unanswered before it is an error; the
+        #: hub also reads at least this often (a liveness round trip).
+        self.stall_timeout = stall_timeout
         self.key = key
         self.tuning = tuning
         self.clock = clock
@@ -215,7 +227,9 @@ class Hub:
         """Open a listener: in listen mode it LISTENs before any read, so nothing
         committed after it returns can slip by (`ChangeListener.open`)."""
         listener = self._connect(
-            ListenRequest(self.source, self.schema, self.mode == "listen", self.pooler)
+            ListenRequest(
+                self.source, self.schema, self.mode == "listen", self.pooler, self.stall_timeout
+            )
         )
         listener.open()  # a failed open leaves nothing open
         self.connects += 1
@@ -286,7 +300,9 @@ class Hub:
                 # Stopped listening under load: the spacing wait above already
                 # paced this read, so poll again at once, until the load drops.
                 paused = self.mode == "listen" and not listening
-                timeout = tuning.min_repoll if paused else self.interval
+                # At least every stall_timeout: waiting for a NOTIFY sends
+                # nothing, so only a read can find out that the path is silent.
+                timeout = tuning.min_repoll if paused else min(self.interval, self.stall_timeout)
             self._wait(conn, timeout, listening)
 
     def _wait(self, conn: ChangeListener, timeout: float, listening: bool) -> None:
@@ -396,6 +412,8 @@ class HubOptions:
     tuning: HubTuning = DEFAULT_TUNING
     #: Behind a transaction pooler: no prepared statements on the hub's connection.
     pooler: bool = False
+    #: Seconds a round trip on the hub's connection may go unanswered.
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT
 
 
 DEFAULT_OPTIONS = HubOptions()
@@ -421,7 +439,7 @@ def acquire(
             hub = Hub(
                 connect, source, schema, mode, interval, key,
                 tuning=options.tuning, clock=options.clock, retry_window=options.retry_window,
-                pooler=options.pooler,
+                pooler=options.pooler, stall_timeout=options.stall_timeout,
             )  # fmt: skip
             _hubs[key] = hub
         return hub, hub.subscribe(deliver, consumers)
