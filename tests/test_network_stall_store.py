@@ -129,6 +129,25 @@ def _rows(pg_dsn: str, table: str) -> int:
         return int(row[0])
 
 
+def test_the_pool_hands_out_bounded_store_connections(pg_dsn: str, schema: str) -> None:
+    """Every connection of the store's pool carries the client deadline; a
+    migration lifts it for its own run only (migrators wait on purpose)."""
+    from pglease.postgres._reuse import StoreConnection
+
+    with PostgresStore(pg_dsn, **_options(schema)) as store:
+        with store.connection() as conn:
+            assert isinstance(conn, StoreConnection)
+            assert conn.deadline == _DEADLINE
+        store.migrate()
+        with store.connection() as conn:
+            assert conn.deadline == _DEADLINE
+    with (
+        PostgresStore(pg_dsn, schema=schema, statement_timeout=None) as store,
+        store.connection() as conn,
+    ):
+        assert isinstance(conn, StoreConnection) and conn.deadline is None
+
+
 # ------------------------------------------------------------------ mutate
 
 
