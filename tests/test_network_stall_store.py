@@ -524,3 +524,29 @@ async def test_async_pooler_mode_calls_end_on_a_stalled_path(
             stall_proxy.resume()
             assert type(error) is expected, error
             assert "no answer from PostgreSQL" in str(error), error
+
+
+# ------------------------------------------------------------- maintenance
+
+
+def test_sync_reap_and_prune_end_on_a_stalled_path(stall_proxy: StallProxy, schema: str) -> None:
+    """Maintenance runs on a borrowed store connection: bounded the same way,
+    and its errors stay pglease's."""
+    from pglease.driver.maintenance import PruneRequest, ReapRequest
+    from pglease.errors import PgleaseError
+    from pglease.postgres.maintenance import prune, reap
+
+    with PostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        rid = store.ensure_resource("job", "maintenance")
+        for run in (
+            lambda: reap(store, ReapRequest(10)),
+            lambda: prune(store, PruneRequest(older_than=3600.0, chunk=100)),
+        ):
+            store.get(rid)  # a live connection before the stall
+            stall_proxy.pause()
+            error, elapsed = _ended(run)
+            _ended_in_time(stall_proxy, error, elapsed)
+            stall_proxy.resume()
+            assert isinstance(error, PgleaseError), error
+            assert "no answer from PostgreSQL" in str(error), error
+        assert reap(store, ReapRequest(10)).resource_ids == ()
