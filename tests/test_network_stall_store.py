@@ -129,6 +129,25 @@ def _rows(pg_dsn: str, table: str) -> int:
         return int(row[0])
 
 
+def test_the_pool_hands_out_bounded_store_connections(pg_dsn: str, schema: str) -> None:
+    """Every connection of the store's pool carries the client deadline; a
+    migration lifts it for its own run only (migrators wait on purpose)."""
+    from pglease.postgres._reuse import StoreConnection
+
+    with PostgresStore(pg_dsn, **_options(schema)) as store:
+        with store.connection() as conn:
+            assert isinstance(conn, StoreConnection)
+            assert conn.deadline == _DEADLINE
+        store.migrate()
+        with store.connection() as conn:
+            assert conn.deadline == _DEADLINE
+    with (
+        PostgresStore(pg_dsn, schema=schema, statement_timeout=None) as store,
+        store.connection() as conn,
+    ):
+        assert isinstance(conn, StoreConnection) and conn.deadline is None
+
+
 # ------------------------------------------------------------------ mutate
 
 
@@ -458,3 +477,76 @@ async def test_async_a_renew_after_the_window_closed_still_runs(
         renewed = await store.renew(late, 60)
         assert renewed.generation == claim.generation
         assert renewed.trusted_until is not None and renewed.trusted_until > time.monotonic()
+
+
+# ------------------------------------------------------------------ pooler mode
+
+
+def test_sync_pooler_mode_calls_end_on_a_stalled_path(stall_proxy: StallProxy, schema: str) -> None:
+    """Pooler mode sends other statements (simple-protocol calls with SET LOCAL,
+    pipelined reads): the same bounds and classes."""
+    with PostgresStore(stall_proxy.dsn, **_options(schema, pooler=True)) as store:
+        rid = store.ensure_resource("job", "pooler")
+        revision = store.get(rid).revision
+        calls: list[tuple[Callable[[], object], type[Exception]]] = [
+            (lambda: store.claim(rid, OWNER, ttl=60), CommitOutcomeUnknownError),
+            (lambda: store.get(rid), DatabaseUnavailableError),
+            (lambda: store.mutate(Permit(rid, revision), "job.moved"), DatabaseUnavailableError),
+            (lambda: store.ensure_resource("job", "other"), CommitOutcomeUnknownError),
+        ]
+        for call, expected in calls:
+            store.get(rid)  # a live connection before the stall
+            stall_proxy.pause()
+            error, elapsed = _ended(call)
+            _ended_in_time(stall_proxy, error, elapsed)
+            stall_proxy.resume()
+            assert type(error) is expected, error
+            assert "no answer from PostgreSQL" in str(error), error
+
+
+async def test_async_pooler_mode_calls_end_on_a_stalled_path(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    async with await AsyncPostgresStore.open(
+        stall_proxy.dsn, **_options(schema, pooler=True)
+    ) as store:
+        rid = await store.ensure_resource("job", "pooler")
+        revision = (await store.get(rid)).revision
+        for make, expected in (
+            (lambda: store.claim(rid, OWNER, ttl=60), CommitOutcomeUnknownError),
+            (lambda: store.get(rid), DatabaseUnavailableError),
+            (lambda: store.mutate(Permit(rid, revision), "job.moved"), DatabaseUnavailableError),
+            (lambda: store.ensure_resource("job", "other"), CommitOutcomeUnknownError),
+        ):
+            await store.get(rid)
+            stall_proxy.pause()
+            error = await _ended_async(stall_proxy, make())
+            stall_proxy.resume()
+            assert type(error) is expected, error
+            assert "no answer from PostgreSQL" in str(error), error
+
+
+# ------------------------------------------------------------- maintenance
+
+
+def test_sync_reap_and_prune_end_on_a_stalled_path(stall_proxy: StallProxy, schema: str) -> None:
+    """Maintenance runs on a borrowed store connection: bounded the same way,
+    and its errors stay pglease's."""
+    from pglease.driver.maintenance import PruneRequest, ReapRequest
+    from pglease.errors import PgleaseError
+    from pglease.postgres.maintenance import prune, reap
+
+    with PostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        rid = store.ensure_resource("job", "maintenance")
+        for run in (
+            lambda: reap(store, ReapRequest(10)),
+            lambda: prune(store, PruneRequest(older_than=3600.0, chunk=100)),
+        ):
+            store.get(rid)  # a live connection before the stall
+            stall_proxy.pause()
+            error, elapsed = _ended(run)
+            _ended_in_time(stall_proxy, error, elapsed)
+            stall_proxy.resume()
+            assert isinstance(error, PgleaseError), error
+            assert "no answer from PostgreSQL" in str(error), error
+        assert reap(store, ReapRequest(10)).resource_ids == ()

@@ -280,10 +280,12 @@ class Limits:
 
     @property
     def client_deadline(self) -> float | None:
-        """How long the client waits for a statement's answer before it gives the
-        connection up: `statement_timeout` (the server's own bound on the
-        statement, lock waits included) plus `CLIENT_GRACE` for the round trip
-        and the server's error on its way back. None without a statement_timeout."""
+        """How long the client waits for the answer of any one round trip on a
+        store connection (a statement, BEGIN, COMMIT; `StoreConnection.wait`)
+        before it gives the connection up: `statement_timeout` (the server's
+        own bound on the statement, lock waits included) plus `CLIENT_GRACE`
+        for the round trip and the server's error on its way back. None
+        without a statement_timeout."""
         if self.statement_timeout is None:
             return None
         return self.statement_timeout + CLIENT_GRACE
