@@ -85,10 +85,11 @@ class PgHeartbeatChannel:
                     if not self._pooler:
                         conn.execute(SESSION_SETUP)
                 except psycopg.Error as exc:
+                    fired = deadline is not None and deadline.fired
+                    if deadline is not None:
+                        deadline.cancel()  # before the socket goes with the connection
                     conn.close()
-                    if deadline is not None and deadline.fired:
-                        exc = _no_answer(exc, limit)
-                    _raise(_connect_error(exc, self._dsn), exc)
+                    _raise(_connect_error(_no_answer(exc, limit) if fired else exc, self._dsn), exc)
                 finally:
                     if deadline is not None:
                         deadline.cancel()

@@ -98,10 +98,11 @@ class AsyncPgHeartbeatChannel:
                     if not self._pooler:
                         await conn.execute(SESSION_SETUP)
                 except psycopg.Error as exc:
+                    fired = deadline is not None and deadline.fired
+                    if deadline is not None:
+                        deadline.cancel()  # before the socket goes with the connection
                     await conn.close()
-                    if deadline is not None and deadline.fired:
-                        exc = _no_answer(exc, limit)
-                    _raise(_connect_error(exc, self._dsn), exc)
+                    _raise(_connect_error(_no_answer(exc, limit) if fired else exc, self._dsn), exc)
                 finally:
                     if deadline is not None:
                         deadline.cancel()
