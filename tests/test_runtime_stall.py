@@ -32,7 +32,7 @@ from pglease import (
     Owner,
     PostgresStore,
 )
-from pglease.runtime.acquire import STEP_GRACE
+from pglease.runtime.acquire import LEAVE_LIMIT, STEP_GRACE
 
 from ._stall_proxy import StallProxy
 
@@ -275,3 +275,50 @@ async def test_async_hold_late_answer_past_the_timeout_times_out_and_is_released
         assert _wait_for(
             lambda: ("lease.released", 1) in _events(pg_dsn, schema, rid), within=10
         ), _events(pg_dsn, schema, rid)
+
+
+def test_sync_fair_waiter_ends_on_a_stalled_path_and_leaves_no_entry(
+    stall_proxy: StallProxy, pg_dsn: str, schema: str
+) -> None:
+    holder, waiter = Owner("host", "a"), Owner("host", "b")
+    with (
+        PostgresStore(pg_dsn, schema=schema) as direct,
+        PostgresStore(stall_proxy.dsn, **_options(schema)) as store,
+    ):
+        rid = direct.ensure_resource("job", "queue")
+        assert direct.claim(rid, holder, ttl=60) is not None
+        outcome: list[BaseException] = []
+        ended: list[float] = []
+
+        def wait() -> None:
+            try:
+                store.acquire("job", "queue", waiter, ttl=5, timeout=2, fair=True)
+            except BaseException as exc:
+                outcome.append(exc)
+            ended.append(time.monotonic())
+
+        def queued() -> int:
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    f"SELECT count(*) FROM {schema}.lease_waiters WHERE resource_id = %s"
+                    " AND expires_at > clock_timestamp()",
+                    [rid],
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        assert _wait_for(lambda: queued() == 1, within=10)  # in the queue, waiting
+        stall_proxy.pause()
+        paused = time.monotonic()
+        with _later(_STALL + 2, stall_proxy.resume):
+            thread.join(30)
+            assert ended, "the fair waiter did not end"
+        # Its refresh (a claim: sent, so unknown) or its timeout, then at most
+        # LEAVE_LIMIT for deleting its entry.
+        assert ended[0] - paused < 2 + STEP_GRACE + LEAVE_LIMIT + _SLACK, ended[0] - paused
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], (AcquireTimeoutError, CommitOutcomeUnknownError))
+        # Healed: the entry was deleted, or ran out within its ttl (5 s).
+        assert _wait_for(lambda: queued() == 0, within=8)
+        assert direct.get(rid).lease.owner == holder
