@@ -322,3 +322,26 @@ def test_sync_fair_waiter_ends_on_a_stalled_path_and_leaves_no_entry(
         # Healed: the entry was deleted, or ran out within its ttl (5 s).
         assert _wait_for(lambda: queued() == 0, within=8)
         assert direct.get(rid).lease.owner == holder
+
+
+def test_sync_election_never_elects_on_a_claim_answered_after_its_trust_window(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    me = Owner("host", "a")
+    elected: list[tuple[int, bool]] = []
+
+    def on_elected(lease: Any) -> None:
+        elected.append((lease.generation, lease.lost_error is None and lease.time_left() > 0))
+
+    with PostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        with store.hold("job", "other", me, ttl=2):
+            pass  # the keeper's line is open
+        stall_proxy.hold_replies_after(_CLAIM)
+        with (
+            _later(3.0, stall_proxy.release_replies),
+            store.elect("late", me, ttl=2, on_elected=on_elected) as election,
+        ):
+            assert election.wait_elected(timeout=20)
+        # The first term's claim was answered after its trust window: never a term.
+        assert elected and all(trusted for _, trusted in elected), elected
+        assert elected[0][0] >= 2, elected
