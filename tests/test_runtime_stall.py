@@ -15,6 +15,7 @@ this change each of these calls waited for the whole stall.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from pglease import (
     AsyncPostgresStore,
     Claim,
     CommitOutcomeUnknownError,
+    LeaseLostError,
     Owner,
     PostgresStore,
 )
@@ -345,3 +347,31 @@ def test_sync_election_never_elects_on_a_claim_answered_after_its_trust_window(
         # The first term's claim was answered after its trust window: never a term.
         assert elected and all(trusted for _, trusted in elected), elected
         assert elected[0][0] >= 2, elected
+
+
+async def test_async_hold_does_not_wait_out_its_keepers_reconnect_on_a_stalled_path(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    from pglease.runtime import AsyncKeeper
+
+    me = Owner("host", "a")
+    async with AsyncPostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        keeper = AsyncKeeper.for_store(store)
+        # The held lease is lost in the stall: leaving its block says so.
+        with pytest.raises(LeaseLostError):
+            async with store.hold("job", "held", me, ttl=6):
+                stall_proxy.pause()
+                # The keeper's beat hangs, is cut off, and the keeper connects again
+                # (up to its connect_timeout of 5 s) while the path stays dark.
+                line: Any = keeper._channel
+                end = time.monotonic() + 15
+                while not line._lock.locked() or line._conn is not None:
+                    assert time.monotonic() < end, "the keeper never reconnected"
+                    await asyncio.sleep(0.05)
+                with _later(_STALL, stall_proxy.resume):
+                    started = time.monotonic()
+                    with pytest.raises(AcquireTimeoutError):
+                        async with store.hold("job", "next", me, ttl=2, timeout=1):
+                            pytest.fail("a lease on a stalled path")
+                    took = time.monotonic() - started
+        assert took < 1 + STEP_GRACE + _SLACK, took
