@@ -15,6 +15,7 @@ this change each of these calls waited for the whole stall.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,10 +30,11 @@ from pglease import (
     AsyncPostgresStore,
     Claim,
     CommitOutcomeUnknownError,
+    LeaseLostError,
     Owner,
     PostgresStore,
 )
-from pglease.runtime.acquire import STEP_GRACE
+from pglease.runtime.acquire import LEAVE_LIMIT, STEP_GRACE
 
 from ._stall_proxy import StallProxy
 
@@ -275,3 +277,101 @@ async def test_async_hold_late_answer_past_the_timeout_times_out_and_is_released
         assert _wait_for(
             lambda: ("lease.released", 1) in _events(pg_dsn, schema, rid), within=10
         ), _events(pg_dsn, schema, rid)
+
+
+def test_sync_fair_waiter_ends_on_a_stalled_path_and_leaves_no_entry(
+    stall_proxy: StallProxy, pg_dsn: str, schema: str
+) -> None:
+    holder, waiter = Owner("host", "a"), Owner("host", "b")
+    with (
+        PostgresStore(pg_dsn, schema=schema) as direct,
+        PostgresStore(stall_proxy.dsn, **_options(schema)) as store,
+    ):
+        rid = direct.ensure_resource("job", "queue")
+        assert direct.claim(rid, holder, ttl=60) is not None
+        outcome: list[BaseException] = []
+        ended: list[float] = []
+
+        def wait() -> None:
+            try:
+                store.acquire("job", "queue", waiter, ttl=5, timeout=2, fair=True)
+            except BaseException as exc:
+                outcome.append(exc)
+            ended.append(time.monotonic())
+
+        def queued() -> int:
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    f"SELECT count(*) FROM {schema}.lease_waiters WHERE resource_id = %s"
+                    " AND expires_at > clock_timestamp()",
+                    [rid],
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        assert _wait_for(lambda: queued() == 1, within=10)  # in the queue, waiting
+        stall_proxy.pause()
+        paused = time.monotonic()
+        with _later(_STALL + 2, stall_proxy.resume):
+            thread.join(30)
+            assert ended, "the fair waiter did not end"
+        # Its refresh (a claim: sent, so unknown) or its timeout, then at most
+        # LEAVE_LIMIT for deleting its entry.
+        assert ended[0] - paused < 2 + STEP_GRACE + LEAVE_LIMIT + _SLACK, ended[0] - paused
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], (AcquireTimeoutError, CommitOutcomeUnknownError))
+        # Healed: the entry was deleted, or ran out within its ttl (5 s).
+        assert _wait_for(lambda: queued() == 0, within=8)
+        assert direct.get(rid).lease.owner == holder
+
+
+def test_sync_election_never_elects_on_a_claim_answered_after_its_trust_window(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    me = Owner("host", "a")
+    elected: list[tuple[int, bool]] = []
+
+    def on_elected(lease: Any) -> None:
+        elected.append((lease.generation, lease.lost_error is None and lease.time_left() > 0))
+
+    with PostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        with store.hold("job", "other", me, ttl=2):
+            pass  # the keeper's line is open
+        stall_proxy.hold_replies_after(_CLAIM)
+        with (
+            _later(3.0, stall_proxy.release_replies),
+            store.elect("late", me, ttl=2, on_elected=on_elected) as election,
+        ):
+            assert election.wait_elected(timeout=20)
+        # The first term's claim was answered after its trust window: never a term.
+        assert elected and all(trusted for _, trusted in elected), elected
+        assert elected[0][0] >= 2, elected
+
+
+async def test_async_hold_does_not_wait_out_its_keepers_reconnect_on_a_stalled_path(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    from pglease.runtime import AsyncKeeper
+
+    me = Owner("host", "a")
+    async with AsyncPostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        keeper = AsyncKeeper.for_store(store)
+        # The held lease is lost in the stall: leaving its block says so.
+        with pytest.raises(LeaseLostError):
+            async with store.hold("job", "held", me, ttl=6):
+                stall_proxy.pause()
+                # The keeper's beat hangs, is cut off, and the keeper connects again
+                # (up to its connect_timeout of 5 s) while the path stays dark.
+                line: Any = keeper._channel
+                end = time.monotonic() + 15
+                while not line._lock.locked() or line._conn is not None:
+                    assert time.monotonic() < end, "the keeper never reconnected"
+                    await asyncio.sleep(0.05)
+                with _later(_STALL, stall_proxy.resume):
+                    started = time.monotonic()
+                    with pytest.raises(AcquireTimeoutError):
+                        async with store.hold("job", "next", me, ttl=2, timeout=1):
+                            pytest.fail("a lease on a stalled path")
+                    took = time.monotonic() - started
+        assert took < 1 + STEP_GRACE + _SLACK, took

@@ -106,7 +106,8 @@ class HeartbeatChannel(Protocol):
 
     def connect(self, timeout: float | None = None) -> None:
         """Open the line now unless it is open (`DatabaseUnavailableError`);
-        `timeout` (seconds) shortens the line's own connect timeout."""
+        `timeout` (seconds) shortens the line's own connect timeout, also the
+        wait for another caller's connect in progress."""
 
     def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         """Extend every current, unexpired lease of `batch` in one round trip."""

@@ -23,10 +23,11 @@ from ..driver import (
     ReapRequest,
 )
 from ..driver.ops import EnsureOp
-from ..errors import LeaseLostError, LockTimeoutError
+from ..errors import DatabaseUnavailableError, LeaseLostError, LockTimeoutError
 from ..types import Claim
 from . import _core, maintenance
 from ._runtime_core import (
+    _CONNECT_FAILED,
     SESSION_SETUP,
     FleetQueries,
     _abort,
@@ -50,6 +51,12 @@ from ._runtime_core import (
 from ._stall import arm
 
 
+def _still_connecting(limit: float) -> DatabaseUnavailableError:
+    return DatabaseUnavailableError(
+        f"{_CONNECT_FAILED}: another attempt to connect was still running after {limit:g} s"
+    )
+
+
 class PgHeartbeatChannel:
     """A keeper's dedicated connection (see `pglease.postgres.runtime`)."""
 
@@ -69,31 +76,43 @@ class PgHeartbeatChannel:
 
     def _connection(self, timeout: float | None = None) -> psycopg.Connection[Any]:
         """The open connection, else a new one within the connect timeout
-        (`timeout`, when given, shortens it: an acquire's time left)."""
+        (`timeout`, when given, shortens it, and the wait for another caller's
+        connect in progress: an acquire's time left)."""
         limit = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
-        with self._lock:
-            if self._conn is None or self._conn.closed:
-                self._conn = None
-                try:
-                    kwargs = _connect_kwargs(limit, self._schema, self._pooler)
-                    conn = psycopg.connect(self._dsn, **kwargs)
-                except psycopg.Error as exc:
-                    _raise(_connect_error(exc, self._dsn), exc)
-                # The setup is a round trip too: bounded like the connect.
-                deadline = arm(conn, limit)
-                try:
-                    if not self._pooler:
-                        conn.execute(SESSION_SETUP)
-                except psycopg.Error as exc:
-                    conn.close()
-                    if deadline is not None and deadline.fired:
-                        exc = _no_answer(exc, limit)
-                    _raise(_connect_error(exc, self._dsn), exc)
-                finally:
-                    if deadline is not None:
-                        deadline.cancel()
-                self._conn = conn
-            return self._conn
+        wait = -1.0 if timeout is None else limit  # -1: for as long as it takes
+        if not self._lock.acquire(timeout=wait):
+            raise _still_connecting(limit)
+        try:
+            return self._open(limit, timeout is not None)
+        finally:
+            self._lock.release()
+
+    def _open(self, limit: float, exact: bool) -> psycopg.Connection[Any]:
+        """The open connection, else a new one within `limit` (lock held);
+        `exact`: the limit is a caller's, not the line's own connect_timeout."""
+        if self._conn is None or self._conn.closed:
+            self._conn = None
+            try:
+                kwargs = _connect_kwargs(limit, self._schema, self._pooler)
+                conn = psycopg.connect(self._dsn, **kwargs)
+            except psycopg.Error as exc:
+                _raise(_connect_error(exc, self._dsn), exc)
+            # The setup is a round trip too: bounded like the connect.
+            deadline = arm(conn, limit)
+            try:
+                if not self._pooler:
+                    conn.execute(SESSION_SETUP)
+            except psycopg.Error as exc:
+                fired = deadline is not None and deadline.fired
+                if deadline is not None:
+                    deadline.cancel()  # before the socket goes with the connection
+                conn.close()
+                _raise(_connect_error(_no_answer(exc, limit) if fired else exc, self._dsn), exc)
+            finally:
+                if deadline is not None:
+                    deadline.cancel()
+            self._conn = conn
+        return self._conn
 
     def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         conn = self._connection()

@@ -52,6 +52,12 @@ from ._stall import arm_async
 # sync: import threading
 
 
+def _still_connecting(limit: float) -> DatabaseUnavailableError:
+    return DatabaseUnavailableError(
+        f"{_CONNECT_FAILED}: another attempt to connect was still running after {limit:g} s"
+    )
+
+
 class AsyncPgHeartbeatChannel:
     """A keeper's dedicated connection (see `pglease.postgres.runtime`)."""
 
@@ -71,42 +77,60 @@ class AsyncPgHeartbeatChannel:
 
     async def _connection(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
         """The open connection, else a new one within the connect timeout
-        (`timeout`, when given, shortens it: an acquire's time left)."""
+        (`timeout`, when given, shortens it, and the wait for another caller's
+        connect in progress: an acquire's time left)."""
         limit = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
-        async with self._lock:
-            if self._conn is None or self._conn.closed:
-                self._conn = None
-                try:
-                    kwargs = _connect_kwargs(limit, self._schema, self._pooler)
-                    # async-only: begin
-                    # A client-side bound too: psycopg's connect_timeout is per attempt.
-                    async with asyncio.timeout(limit if timeout is not None else limit + 1):
-                        conn = await psycopg.AsyncConnection.connect(self._dsn, **kwargs)
-                    # async-only: end
-                    # sync: conn = psycopg.connect(self._dsn, **kwargs)
-                except psycopg.Error as exc:
-                    _raise(_connect_error(exc, self._dsn), exc)
+        wait = -1.0 if timeout is None else limit  # -1: for as long as it takes
+        # async-only: begin
+        try:
+            async with asyncio.timeout(None if wait < 0 else wait):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise _still_connecting(limit) from None
+        # async-only: end
+        # sync: if not self._lock.acquire(timeout=wait): raise _still_connecting(limit)
+        try:
+            return await self._open(limit, timeout is not None)
+        finally:
+            self._lock.release()
+
+    async def _open(self, limit: float, exact: bool) -> psycopg.AsyncConnection[Any]:
+        """The open connection, else a new one within `limit` (lock held);
+        `exact`: the limit is a caller's, not the line's own connect_timeout."""
+        if self._conn is None or self._conn.closed:
+            self._conn = None
+            try:
+                kwargs = _connect_kwargs(limit, self._schema, self._pooler)
                 # async-only: begin
-                except TimeoutError as exc:
-                    raise DatabaseUnavailableError(
-                        f"{_CONNECT_FAILED}: no answer within {limit:g} s"
-                    ) from exc
+                # A client-side bound too: psycopg's connect_timeout is per attempt.
+                async with asyncio.timeout(limit if exact else limit + 1):
+                    conn = await psycopg.AsyncConnection.connect(self._dsn, **kwargs)
                 # async-only: end
-                # The setup is a round trip too: bounded like the connect.
-                deadline = arm_async(conn, limit)
-                try:
-                    if not self._pooler:
-                        await conn.execute(SESSION_SETUP)
-                except psycopg.Error as exc:
-                    await conn.close()
-                    if deadline is not None and deadline.fired:
-                        exc = _no_answer(exc, limit)
-                    _raise(_connect_error(exc, self._dsn), exc)
-                finally:
-                    if deadline is not None:
-                        deadline.cancel()
-                self._conn = conn
-            return self._conn
+                # sync: conn = psycopg.connect(self._dsn, **kwargs)
+            except psycopg.Error as exc:
+                _raise(_connect_error(exc, self._dsn), exc)
+            # async-only: begin
+            except TimeoutError as exc:
+                raise DatabaseUnavailableError(
+                    f"{_CONNECT_FAILED}: no answer within {limit:g} s"
+                ) from exc
+            # async-only: end
+            # The setup is a round trip too: bounded like the connect.
+            deadline = arm_async(conn, limit)
+            try:
+                if not self._pooler:
+                    await conn.execute(SESSION_SETUP)
+            except psycopg.Error as exc:
+                fired = deadline is not None and deadline.fired
+                if deadline is not None:
+                    deadline.cancel()  # before the socket goes with the connection
+                await conn.close()
+                _raise(_connect_error(_no_answer(exc, limit) if fired else exc, self._dsn), exc)
+            finally:
+                if deadline is not None:
+                    deadline.cancel()
+            self._conn = conn
+        return self._conn
 
     async def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         conn = await self._connection()

@@ -52,6 +52,8 @@ STOP_POLL = 0.25
 #: already on its way; then its connection is shut down. So an acquire with a
 #: timeout of T ends within about T + STEP_GRACE, whatever the network does.
 STEP_GRACE = 1.0
+#: A step that failed this close to its limit was cut off by it.
+_CUT_SLACK = 0.1
 #: The longest a fair waiter that gives up waits to delete its queue entry
 #: (past it the entry runs out by itself within its own ttl).
 LEAVE_LIMIT = 1.0
@@ -140,6 +142,9 @@ class _Budget:
         self.clock = clock
         self.timeout = timeout
         self.deadline = None if timeout is None else clock.monotonic() + timeout
+        #: The last step's limit and its start (real `time.monotonic()`).
+        self._limit: float | None = None
+        self._began = 0.0
 
     def left(self) -> float | None:
         return _left(self.clock, self.deadline)
@@ -151,21 +156,29 @@ class _Budget:
     def step(self) -> float | None:
         """Real seconds the next step may wait for an answer: what is left, plus
         `STEP_GRACE`. None without a timeout, or under a clock other than the
-        system's (its seconds are not real ones): the store's limits then."""
+        system's (its seconds are not real ones): the store's limits then.
+        Call it right before the step: it also starts the step's clock."""
         left = self.left()
-        if left is None or not isinstance(self.clock, SystemClock):
-            return None
-        return max(0.0, left) + STEP_GRACE
+        limit = None
+        if left is not None and isinstance(self.clock, SystemClock):
+            limit = max(0.0, left) + STEP_GRACE
+        self._limit, self._began = limit, time.monotonic()
+        return limit
 
     def step_failed(self, exc: PgleaseError, what: str) -> PgleaseError:
-        """What a failed step that claimed nothing means: past the deadline the
-        acquire timed out (the step was cut off, or failed anyway); a claim
-        whose outcome is unknown stays that (the caller may hold it)."""
-        if (
-            isinstance(exc, DatabaseUnavailableError)
-            # Outcome unknown: the caller may hold it. Closed: not the network.
-            and not isinstance(exc, (CommitOutcomeUnknownError, StoreClosedError))
+        """What a failed step means. Cut off by its limit (it failed no sooner,
+        with the deadline past) and nothing claimed: the acquire timed out. A
+        step that failed on its own (refused, no slot, closed) keeps its error,
+        and a claim whose outcome is unknown stays that (the caller may hold it)."""
+        cut = (
+            self._limit is not None
+            and time.monotonic() - self._began >= self._limit - _CUT_SLACK
             and self.over()
+        )
+        if (
+            cut
+            and isinstance(exc, DatabaseUnavailableError)
+            and not isinstance(exc, (CommitOutcomeUnknownError, StoreClosedError))
         ):
             return AcquireTimeoutError(f"could not acquire {what} within {self.timeout:g}s: {exc}")
         return exc

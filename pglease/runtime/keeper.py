@@ -414,6 +414,8 @@ class AsyncKeeper:
                 continue
             due = self._core.next_due()
             self._changed.clear()
+            if self._core.give_back:  # handed over while a release above awaited
+                continue
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
             # cancellation that races with the event being set.
             wait = real_wait(clock, None if due is None else due - clock.monotonic())
