@@ -43,6 +43,14 @@ class Claim:
 
     `generation` is the fencing token to hand to downstream systems; `revision`
     is the resource revision right after this claim (or the last renew).
+
+    `trusted_until` is the end of the claim's local trust window: the
+    `time.monotonic()` instant of this host until which the lease is certainly
+    live by the database's clock (when the claim or renew request was sent,
+    plus its ttl; the server set the expiry no earlier). None for a claim not
+    returned by `claim` or `renew` in this process (rebuilt, or from the
+    runtime). A `renew` on a silent network path gives up by then. It is
+    local: not compared, not shown, meaningless in another process.
     """
 
     resource_id: str
@@ -51,6 +59,7 @@ class Claim:
     generation: int
     expires_at: datetime
     revision: int
+    trusted_until: float | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,10 @@ asyncio tests drive it the same way. No root, no iptables. Faults:
 * `reset()`: close every open connection (both sides).
 * `refuse()`: stop listening, so a new connection is refused (the server is
   down); `accept()` listens on the same port again (the server is back).
+* `hold_replies_after(marker)`: the next request whose bytes contain `marker`
+  goes through, but nothing more comes back on its connection until
+  `release_replies()`: the server did the work, the answer is late (a claim
+  granted on the server whose answer is delayed by the path).
 
 Unlike `FreezingProxy` (tests/_fleet_proxy.py), whose frozen connections stay
 frozen for good while new ones work, a pause is undone by `resume()`.
@@ -44,6 +48,9 @@ class StallProxy:
         self._flowing: asyncio.Event = self._call(self._new_event())
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        #: `hold_replies_after`'s armed marker, and the reply gates it closed.
+        self._marker: bytes | None = None
+        self._held: list[asyncio.Event] = []
         self.port = 0
         self._call(self._listen())
         self.dsn = make_conninfo(dsn, host="127.0.0.1", port=str(self.port), hostaddr="127.0.0.1")
@@ -57,12 +64,13 @@ class StallProxy:
     # ------------------------------------------------------------------ faults
 
     def pause(self) -> None:
-        """Stop forwarding in both directions; keep every socket open."""
-        self._loop.call_soon_threadsafe(self._flowing.clear)
+        """Stop forwarding in both directions; keep every socket open. In force
+        when this returns: bytes sent after it are held."""
+        self._call(self._switch(False))
 
     def resume(self) -> None:
         """Forward again, the bytes held during the pause first."""
-        self._loop.call_soon_threadsafe(self._flowing.set)
+        self._call(self._switch(True))
 
     def reset(self) -> int:
         """Close every open connection, both sides; return how many there were."""
@@ -75,6 +83,20 @@ class StallProxy:
     def accept(self) -> None:
         """Listen again, on the same port."""
         self._call(self._listen())
+
+    def hold_replies_after(self, marker: bytes) -> None:
+        """Let the next request containing `marker` through, then hold every byte
+        its connection's server sends back until `release_replies()`."""
+        self._call(self._arm(marker))
+
+    def release_replies(self) -> None:
+        """Let the held replies through (and disarm a marker not seen yet)."""
+        self._call(self._release())
+
+    @property
+    def replies_held(self) -> int:
+        """How many connections have their replies held right now."""
+        return self._call(self._held_count())
 
     @property
     def connections(self) -> int:
@@ -102,6 +124,12 @@ class StallProxy:
         event.set()
         return event
 
+    async def _switch(self, flowing: bool) -> None:
+        if flowing:
+            self._flowing.set()
+        else:
+            self._flowing.clear()
+
     async def _count(self) -> int:
         return len(self._writers) // 2
 
@@ -120,6 +148,18 @@ class StallProxy:
             # Connections already accepted are not the listener's to wait for.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 0.5)
+
+    async def _arm(self, marker: bytes) -> None:
+        self._marker = marker
+
+    async def _release(self) -> None:
+        self._marker = None
+        held, self._held = self._held, []
+        for gate in held:
+            gate.set()
+
+    async def _held_count(self) -> int:
+        return len(self._held)
 
     async def _reset(self) -> int:
         count = len(self._writers) // 2
@@ -145,9 +185,11 @@ class StallProxy:
             self._abort(writer)
             return
         self._writers.update((writer, up_writer))
+        replies = asyncio.Event()  # closed by `hold_replies_after`'s marker
+        replies.set()
         pumps = [
-            asyncio.ensure_future(self._pump(reader, up_writer)),
-            asyncio.ensure_future(self._pump(up_reader, writer)),
+            asyncio.ensure_future(self._pump(reader, up_writer, watch=replies)),
+            asyncio.ensure_future(self._pump(up_reader, writer, gate=replies)),
         ]
         self._tasks.update(pumps)
         try:
@@ -161,11 +203,27 @@ class StallProxy:
                 self._abort(side)
                 self._writers.discard(side)
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        watch: asyncio.Event | None = None,
+        gate: asyncio.Event | None = None,
+    ) -> None:
+        """Forward one direction. `watch` (client to server): the reply gate this
+        direction closes when it carries the armed marker; `gate` (server to
+        client): wait for it to be open before forwarding a chunk."""
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
                 # Paused: hold this chunk and read no more, so the kernel's
                 # buffers fill and the sender sees a silent peer.
                 await self._flowing.wait()
+                if watch is not None and self._marker is not None and self._marker in data:
+                    self._marker = None  # one request only
+                    watch.clear()
+                    self._held.append(watch)
+                if gate is not None:
+                    await gate.wait()
                 writer.write(data)
                 await writer.drain()

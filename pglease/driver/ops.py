@@ -9,8 +9,9 @@ driver repeats that work either.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from time import monotonic
 
 from ..cursors import Cursor
 from ..types import Claim, Owner, Permit
@@ -35,6 +36,14 @@ class ClaimOp:
     ttl: float
     expected_revision: int | None
     now: datetime | None
+    #: When the call started (`time.monotonic()`): the claim is trusted until
+    #: then plus `ttl` (`Claim.trusted_until`).
+    started: float = field(default_factory=monotonic)
+
+    @property
+    def trusted_until(self) -> float:
+        """The new claim's `Claim.trusted_until`."""
+        return self.started + self.ttl
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +55,13 @@ class RenewOp:
     ttl: float
     expected_revision: int | None
     now: datetime | None
+    #: When the call started (`time.monotonic()`), as `ClaimOp.started`.
+    started: float = field(default_factory=monotonic)
+
+    @property
+    def trusted_until(self) -> float:
+        """The renewed claim's `Claim.trusted_until`."""
+        return self.started + self.ttl
 
 
 @dataclass(frozen=True, slots=True)

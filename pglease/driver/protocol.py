@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Literal, Protocol
 
 from ..types import Claim, Owner
+from .ops import EnsureOp
 
 #: How a heartbeat judged one lease. 'busy': its row is locked right now (a
 #: writer holds it; retry soon); 'lost': released, taken over, other token;
@@ -103,8 +104,9 @@ class HeartbeatChannel(Protocol):
     the trust window); the next call reconnects.
     """
 
-    def connect(self) -> None:
-        """Open the line now unless it is open (`DatabaseUnavailableError`)."""
+    def connect(self, timeout: float | None = None) -> None:
+        """Open the line now unless it is open (`DatabaseUnavailableError`);
+        `timeout` (seconds) shortens the line's own connect timeout."""
 
     def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         """Extend every current, unexpired lease of `batch` in one round trip."""
@@ -122,8 +124,8 @@ class HeartbeatChannel(Protocol):
 class AsyncHeartbeatChannel(Protocol):
     """The asyncio twin of `HeartbeatChannel`; `abort` is called from a loop callback."""
 
-    async def connect(self) -> None:
-        """Open the line now unless it is open."""
+    async def connect(self, timeout: float | None = None) -> None:
+        """Open the line now unless it is open (at most `timeout` seconds)."""
 
     async def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:
         """Extend every current, unexpired lease of `batch` in one round trip."""
@@ -162,11 +164,22 @@ class AsyncChangeFeed(Protocol):
 class RuntimeDriver(Protocol):
     """What the blocking runtime needs from a backend."""
 
-    def attempt_claim(self, request: ClaimRequest) -> ClaimAttempt | None:
-        """Claim (fair: through the queue), or None when the lease row stayed
-        locked past the store's lock limit (nothing changed: retry)."""
+    def ensure_resource(self, op: EnsureOp, timeout: float | None = None) -> str:
+        """Create the resource if needed and return its id.
 
-    def leave_queue(self, request: LeaveQueue) -> None:
+        `timeout` (seconds, here and below): the longest the call may wait for
+        the backend's answer, on top of the store's own limits (an acquire
+        spends its own timeout this way); None leaves the store's limits."""
+
+    def attempt_claim(
+        self, request: ClaimRequest, timeout: float | None = None
+    ) -> ClaimAttempt | None:
+        """Claim (fair: through the queue), or None when the lease row stayed
+        locked past the store's lock limit (nothing changed: retry). A claim
+        sent but unanswered within `timeout` raises `CommitOutcomeUnknownError`
+        carrying the request's token."""
+
+    def leave_queue(self, request: LeaveQueue, timeout: float | None = None) -> None:
         """Delete a fair waiter's queue entry (no error when it is gone)."""
 
     def heartbeat_channel(self, connect_timeout: float) -> HeartbeatChannel:
@@ -179,10 +192,15 @@ class RuntimeDriver(Protocol):
 class AsyncRuntimeDriver(Protocol):
     """What the asyncio runtime needs from a backend."""
 
-    async def attempt_claim(self, request: ClaimRequest) -> ClaimAttempt | None:
+    async def ensure_resource(self, op: EnsureOp, timeout: float | None = None) -> str:
+        """Asyncio twin of `RuntimeDriver.ensure_resource`."""
+
+    async def attempt_claim(
+        self, request: ClaimRequest, timeout: float | None = None
+    ) -> ClaimAttempt | None:
         """Asyncio twin of `RuntimeDriver.attempt_claim`."""
 
-    async def leave_queue(self, request: LeaveQueue) -> None:
+    async def leave_queue(self, request: LeaveQueue, timeout: float | None = None) -> None:
         """Asyncio twin of `RuntimeDriver.leave_queue`."""
 
     def heartbeat_channel(self, connect_timeout: float) -> AsyncHeartbeatChannel:

@@ -462,12 +462,10 @@ def lost(
     return DatabaseUnavailableError(f"{what}: {_detail(exc, dsn)}")
 
 
-def stalled(exc: psycopg.Error, seconds: float, dsn: str | None = None) -> DatabaseUnavailableError:
-    """A read (or an idempotent write) that got no answer by the client deadline."""
-    return DatabaseUnavailableError(
-        f"no answer from PostgreSQL within {seconds:g} s (statement_timeout"
-        f" + {CLIENT_GRACE:g} s); the connection was closed ({_detail(exc, dsn)})"
-    )
+def stalled(exc: psycopg.Error, dsn: str | None = None) -> DatabaseUnavailableError:
+    """A read that got no answer by the client deadline (`exc`, a StalledError,
+    says within how long): it changed nothing."""
+    return DatabaseUnavailableError(f"{_detail(exc, dsn)} (a read: nothing was changed)")
 
 
 def outcome_unknown(

@@ -26,6 +26,7 @@ from .. import cursor_check
 from ..driver import ops
 from ..dsn import resolve_dsn
 from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
+from ..ids import resource_id
 from ..migrations import migrate_async, migration_state_async
 from ..types import Claim, Event, MutationResult, ResourceState
 from . import _core, _outcomes
@@ -35,6 +36,7 @@ from ._fastpath import (
     RENEW,
     AsyncFastPath,
     NotSentError,
+    StalledError,
     Values,
     claim_values,
     from_micros,
@@ -42,11 +44,18 @@ from ._fastpath import (
     renew_values,
 )
 from ._queries import Queries
-from ._reuse_async import AsyncConnectionStack, AsyncStorePool, discard
-from ._stall import arm_async
+from ._reuse_async import (
+    AsyncConnectionStack,
+    AsyncStoreConnection,
+    AsyncStorePool,
+    discard,
+    set_deadline,
+)
 
 T = TypeVar("T")
 AsyncConn = psycopg.AsyncConnection[Any]
+#: Why a renew gave up before the client deadline (`Claim.trusted_until`).
+_TRUST_CLOSED = "the claim's local trust window closed"
 #: Using an asyncio store before it is opened, or after it is closed (a blocking
 #: store is open from its constructor on, and reports PoolClosed once closed).
 _NOT_OPEN = "the store is not open (use `await AsyncPostgresStore.open()`)"
@@ -133,6 +142,8 @@ class AsyncPgDriver:
             # fails (and callers learn it, `AsyncStorePool.failing`) instead
             # of holding a pool worker for libpq's default.
             kwargs={**kwargs, "connect_timeout": math.ceil(self._connect_timeout)},
+            # Every wait on a store connection ends at the client deadline.
+            connection_class=AsyncStoreConnection,
             configure=self._configure,
             timeout=self._limits.pool_timeout,
             open=False,
@@ -161,9 +172,11 @@ class AsyncPgDriver:
         await conn.close()
 
     async def _configure(self, conn: AsyncConn) -> None:
-        """The pool calls this on connect: the time limits, then the fast path's
-        prepared statements (neither in pooler mode, where session state would
-        land on a random server)."""
+        """The pool calls this on connect: the client deadline (which bounds what
+        follows too), the time limits, then the fast path's prepared statements
+        (neither in pooler mode, where session state would land on a random
+        server)."""
+        set_deadline(conn, self._limits.client_deadline)
         await self._set_limits(conn)
         await self._fast.prepare_on_connect_async(conn)
 
@@ -189,9 +202,19 @@ class AsyncPgDriver:
         except psycopg.Error as exc:
             raise self._error(exc) from exc
 
-    async def _read(self, fn: Callable[[AsyncConn], Awaitable[T]], bounded: bool = True) -> T:
+    async def _read(
+        self,
+        fn: Callable[[AsyncConn], Awaitable[T]],
+        bounded: bool = True,
+        stalled: Callable[[psycopg.Error], PgleaseError] | None = None,
+    ) -> T:
         """Run a read (or an idempotent write) once more on a fresh connection when
         the connection breaks under it: running it twice is harmless.
+
+        A connection that got no answer by the client deadline
+        (`StalledError`) is closed and the call is not retried: the path is
+        likely silent still. `stalled` words that error (the default: a read,
+        nothing changed); `bounded=False` lifts the deadline for this call.
 
         In pooler mode `fn` runs in a transaction that starts with the limits as
         SET LOCAL (pipelined with it: BEGIN, the SETs and the first statement
@@ -199,8 +222,8 @@ class AsyncPgDriver:
         conns = self._stack
         for attempt in (1, 2):
             conn = await self._take(conns)
-            # No answer by the client deadline: the socket is shut down (`_stall`).
-            deadline = arm_async(conn, self._limits.client_deadline if bounded else None)
+            if not bounded:
+                set_deadline(conn, None)
             try:
                 if bounded and self._local_config is not None:
                     async with conn.pipeline(), conn.transaction():
@@ -208,8 +231,9 @@ class AsyncPgDriver:
                         return await fn(conn)
                 return await fn(conn)
             except psycopg.Error as exc:
-                if deadline is not None and deadline.fired:  # a silent path: no retry
-                    raise _core.stalled(exc, deadline.seconds, self.dsn) from exc
+                if isinstance(exc, StalledError):  # a silent path: no retry
+                    error = (stalled or self._stalled)(exc)
+                    raise error from exc
                 broken = conn.broken
                 if broken and attempt == 1:
                     continue
@@ -218,10 +242,13 @@ class AsyncPgDriver:
                 error = self._error(exc)
                 raise error from _core.cause_of(error, exc)
             finally:
-                if deadline is not None:
-                    deadline.cancel()  # before the connection (and its socket) goes
+                if not bounded:
+                    set_deadline(conn, self._limits.client_deadline)
                 await conns.give_back(conn)
         raise AssertionError("unreachable")
+
+    def _stalled(self, exc: psycopg.Error) -> PgleaseError:
+        return _core.stalled(exc, self.dsn)
 
     async def _write(
         self, name: bytes, values: Values, op: _Op, unknown: _Unknown[_Op]
@@ -232,12 +259,19 @@ class AsyncPgDriver:
         conns = self._conns
         if conns is None:
             raise StoreClosedError(_NOT_OPEN)
+        # A renew waits no longer than its claim is trusted (the answer of one
+        # still on its way then comes too late to keep the lease trusted).
+        until = op.claim.trusted_until if isinstance(op, ops.RenewOp) else None
+        if until is not None and until <= time.monotonic():
+            until = None  # already closed: the renew's own answer is what counts
         for attempt in (1, 2):
             conn = await self._take(conns, fast=True)
             try:
-                return await self._fast.call_async(conn, name, values)
+                return await self._fast.call_async(conn, name, values, until, _TRUST_CLOSED)
             except NotSentError as exc:
-                if conn.broken and attempt == 1:
+                # Not retried after a stall: the next connection's path is likely
+                # as silent, and the caller learns within one deadline.
+                if conn.broken and attempt == 1 and not isinstance(exc.cause, StalledError):
                     continue
                 error = self._error(exc.cause)
                 raise error from _core.cause_of(error, exc.cause)
@@ -271,23 +305,29 @@ class AsyncPgDriver:
     # async-only: end
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConn]:
-        """Borrow a live autocommit connection from the store's pool.
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[AsyncConn]:
+        """Borrow a live autocommit connection from the store's pool (waiting at
+        most `timeout` for one, when shorter than pool_timeout: the runtime's).
 
         This is the driver's own connection: errors of the SQL run on it, and of
         checking it out (psycopg_pool's PoolTimeout, PoolClosed), are psycopg's.
         """
-        async with self._stack.borrow() as conn:
+        async with self._stack.borrow(timeout) as conn:
             yield conn
 
-    async def _row(self, query: bytes, args: list[Any]) -> Any:
+    async def _row(
+        self,
+        query: bytes,
+        args: list[Any],
+        stalled: Callable[[psycopg.Error], PgleaseError] | None = None,
+    ) -> Any:
         """The first row of one read statement, or None (see `_read`)."""
 
         async def read(conn: AsyncConn) -> Any:
             cursor = await conn.execute(query, args)
             return await cursor.fetchone()
 
-        return await self._read(read)
+        return await self._read(read, stalled=stalled)
 
     async def _rows(self, query: bytes, args: list[Any]) -> list[Any]:
         """Every row of one read statement (see `_read`)."""
@@ -318,7 +358,17 @@ class AsyncPgDriver:
         return await self._read(run, bounded=False)  # idempotent; migrators wait on purpose
 
     async def ensure_resource(self, op: ops.EnsureOp) -> str:
-        row = await self._row(self._q.ensure, [op.resource_type, op.key])
+        def unknown(exc: psycopg.Error) -> PgleaseError:
+            rid = resource_id(op.resource_type, op.key)
+            return _core.outcome_unknown(
+                exc,
+                "ensure_resource",
+                rid,
+                "call ensure_resource again (it is idempotent)",
+                self.dsn,
+            )
+
+        row = await self._row(self._q.ensure, [op.resource_type, op.key], unknown)
         assert row is not None  # the statement always returns the id
         return str(row[0])
 
@@ -333,13 +383,17 @@ class AsyncPgDriver:
             int(result.get_value(0, 1) or b""),
             from_micros(result.get_value(0, 2) or b""),
             int(result.get_value(0, 3) or b""),
+            op.trusted_until,
         )
 
     async def renew(self, op: ops.RenewOp) -> Claim:
         result = await self._write(RENEW, renew_values(op), op, _renew_unknown)
         expires_at, revision = result.get_value(0, 0), result.get_value(0, 1)
         return replace(
-            op.claim, expires_at=from_micros(expires_at or b""), revision=int(revision or b"")
+            op.claim,
+            expires_at=from_micros(expires_at or b""),
+            revision=int(revision or b""),
+            trusted_until=op.trusted_until,
         )
 
     async def release(self, op: ops.ReleaseOp) -> int:

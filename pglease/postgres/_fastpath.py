@@ -34,13 +34,18 @@ driver's error, and a broken connection then means the outcome is unknown.
 A call whose answer does not come within the store's client deadline
 (`Limits.client_deadline`: statement_timeout plus a grace) closes its
 connection and raises `StalledError`: the statement was sent, so its outcome
-is unknown, and the connection never goes back to the pool.
+is unknown, and the connection never goes back to the pool. The blocking
+calls wait through psycopg's `Connection.wait`, which a store connection
+bounds (`_reuse.StoreConnection`); the asyncio calls wait on their own
+(`results_async`) with the same bound. A call may pass a shorter `timeout`
+(a renew, the end of its claim's trust window).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -139,13 +144,19 @@ class StalledError(psycopg.OperationalError):
     """No answer within the client deadline; the connection has been closed."""
 
 
-def _stalled(
-    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], timeout: float
+def stalled(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
+    timeout: float,
+    why: str | None = None,
 ) -> StalledError:
-    conn.pgconn.finish()  # its state is unknown: it is broken now, never reused
+    """Close `conn` (its state is unknown: broken now, never reused) and say why.
+
+    `why`: what the `timeout` was, when not the client deadline."""
+    conn.pgconn.finish()
+    if why is None:
+        why = f"statement_timeout + {_core.CLIENT_GRACE:g} s"
     return StalledError(
-        f"no answer from PostgreSQL within {timeout:g} s (statement_timeout"
-        f" + {_core.CLIENT_GRACE:g} s); the connection was closed"
+        f"no answer from PostgreSQL within {timeout:g} s ({why}); the connection was closed"
     )
 
 
@@ -210,14 +221,19 @@ class FastPath:
         if self.pooler:
             return
         for name, text in self._texts.items():
-            self._check(conn, conn.pgconn.prepare(name, text), pq.ExecStatus.COMMAND_OK)
+            conn.pgconn.send_prepare(name, text)
+            self._check(conn, self._results(conn), pq.ExecStatus.COMMAND_OK)
 
-    def _prepare(self, conn: psycopg.Connection[Any]) -> None:
+    def _prepare(
+        self, conn: psycopg.Connection[Any], until: float | None = None, why: str | None = None
+    ) -> None:
         try:
             if self._setup is not None:
-                self._check(conn, conn.pgconn.exec_(self._setup), pq.ExecStatus.COMMAND_OK)
+                conn.pgconn.send_query(self._setup)
+                self._check(conn, self._results(conn, until, why), pq.ExecStatus.COMMAND_OK)
             for name, text in self.statements.items():
-                result = conn.pgconn.prepare(name, text.encode())
+                conn.pgconn.send_prepare(name, text.encode())
+                result = self._results(conn, until, why)
                 if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
                     self._check(conn, result, pq.ExecStatus.COMMAND_OK)
         except psycopg.Error as exc:
@@ -231,81 +247,74 @@ class FastPath:
     ) -> None:
         check_result(conn, result, expected, self._limits)
 
-    def call(self, conn: psycopg.Connection[Any], name: bytes, values: Values) -> pq.abc.PGresult:
+    def call(
+        self,
+        conn: psycopg.Connection[Any],
+        name: bytes,
+        values: Values,
+        until: float | None = None,
+        why: str | None = None,
+    ) -> pq.abc.PGresult:
         """Run one call (`values` from `claim_values` and its siblings); return its
-        result, whose one row holds the statement's columns as text."""
+        result, whose one row holds the statement's columns as text.
+
+        `until`: a `time.monotonic()` instant at which to give up waiting even
+        before the connection's own deadline (`why` says what it is)."""
         formats = self._formats[name]
         if self._local is not None:
-            result = self._exec_simple(conn, self._bounded(conn, name, values))
+            self._send(conn.pgconn.send_query, self._bounded(conn, name, values))
+            result = self._results(conn, until, why)
             self._check(conn, result, _TUPLES_OK)
             return result
         if self.pooler:
-            result = self._exec_unnamed(conn, self._texts[name], values, formats)
+            self._send(conn.pgconn.send_query_params, self._texts[name], values, formats)
+            result = self._results(conn, until, why)
             self._check(conn, result, _TUPLES_OK)
             return result
-        result = self._exec(conn, name, values, formats)
+        self._send(conn.pgconn.send_query_prepared, name, values, formats)
+        result = self._results(conn, until, why)
         if result.status != _TUPLES_OK:
             if result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT:
                 # First use on this connection, or psycopg sent DEALLOCATE ALL after
                 # a rollback (e.g. a failed mutate), which drops these statements too.
-                self._prepare(conn)
-                result = self._exec(conn, name, values, formats)
+                self._prepare(conn, until, why)
+                self._send(conn.pgconn.send_query_prepared, name, values, formats)
+                result = self._results(conn, until, why)
             self._check(conn, result, _TUPLES_OK)
         return result
 
-    def _exec_simple(self, conn: psycopg.Connection[Any], text: bytes) -> pq.abc.PGresult:
-        if self._deadline is not None:
-            try:
-                conn.pgconn.send_query(text)
-            except psycopg.Error as exc:
-                raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
-            return self._results(conn, self._deadline)
+    @staticmethod
+    def _send(send: Any, *args: Any) -> None:
+        """Queue the query with libpq (`send` is one of its send_* methods)."""
         try:
-            return conn.pgconn.exec_(text)  # the last statement's result (or the error)
+            send(*args)
         except psycopg.Error as exc:
-            raise NotSentError(exc) from exc  # no result: libpq refused to send
-
-    def _exec_unnamed(
-        self, conn: psycopg.Connection[Any], text: bytes, values: list[Any], formats: list[int]
-    ) -> pq.abc.PGresult:
-        if self._deadline is not None:
-            try:
-                conn.pgconn.send_query_params(text, values, param_formats=formats)
-            except psycopg.Error as exc:
-                raise NotSentError(exc) from exc
-            return self._results(conn, self._deadline)
-        try:
-            return conn.pgconn.exec_params(text, values, param_formats=formats)
-        except psycopg.Error as exc:
-            raise NotSentError(exc) from exc  # no result: libpq refused to send
-
-    def _exec(
-        self, conn: psycopg.Connection[Any], name: bytes, values: list[Any], formats: list[int]
-    ) -> pq.abc.PGresult:
-        if self._deadline is not None:
-            try:
-                conn.pgconn.send_query_prepared(name, values, formats)
-            except psycopg.Error as exc:
-                raise NotSentError(exc) from exc
-            return self._results(conn, self._deadline)
-        try:
-            # libpq takes NULL parameters as None (values is list[Any] for the stub).
-            return conn.pgconn.exec_prepared(name, values, formats)
-        except psycopg.Error as exc:
-            # libpq returned no result at all: it refused to send (no connection).
-            raise NotSentError(exc) from exc
+            raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
 
     @staticmethod
-    def _results(conn: psycopg.Connection[Any], timeout: float) -> pq.abc.PGresult:
-        """The last result of the query just sent, waited for at most `timeout`
-        (libpq's own blocking calls wait as long as the socket stays open)."""
+    def _results(
+        conn: psycopg.Connection[Any], until: float | None = None, why: str | None = None
+    ) -> pq.abc.PGresult:
+        """The last result of the query just sent (the error's, for a failed one),
+        waited for through psycopg: a store connection bounds the wait by its
+        deadline (`StoreConnection`), `until` bounds it further. libpq's own
+        blocking calls would wait for as long as the socket stays open."""
+        timeout = _left(until)
         try:
             results: list[pq.abc.PGresult] = conn.wait(
                 generators.execute(conn.pgconn), timeout=timeout
             )
         except psycopg.errors._WaitTimeout:
-            raise _stalled(conn, timeout) from None
+            assert timeout is not None
+            raise stalled(conn, timeout, why) from None
         return results[-1]
+
+
+def _left(until: float | None) -> float | None:
+    """Seconds from now to `until` (a `time.monotonic()` instant), never below 1 ms."""
+    if until is None:
+        return None
+    return max(until - time.monotonic(), 0.001)
 
 
 class AsyncFastPath(FastPath):
@@ -314,7 +323,13 @@ class AsyncFastPath(FastPath):
     query server-side when the task is interrupted, as psycopg's wait does)."""
 
     async def _exec_async(
-        self, conn: psycopg.AsyncConnection[Any], name: bytes, values: list[Any], formats: list[int]
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        name: bytes,
+        values: list[Any],
+        formats: list[int],
+        until: float | None,
+        why: str | None,
     ) -> pq.abc.PGresult:
         try:
             if self._local is not None:
@@ -325,7 +340,12 @@ class AsyncFastPath(FastPath):
                 conn.pgconn.send_query_prepared(name, values, formats)
         except psycopg.Error as exc:
             raise NotSentError(exc) from exc  # libpq refused to queue it: never sent
-        return (await results_async(conn, self._deadline))[-1]
+        timeout = self._deadline
+        if (left := _left(until)) is not None and (timeout is None or left < timeout):
+            timeout = left
+        else:
+            why = None  # the client deadline is the nearer bound
+        return (await results_async(conn, timeout, why))[-1]
 
     async def prepare_on_connect_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Asyncio twin of `FastPath.prepare_on_connect`."""
@@ -336,40 +356,61 @@ class AsyncFastPath(FastPath):
             result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
             self._check(conn, result, pq.ExecStatus.COMMAND_OK)
 
-    async def _prepare_async(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _prepare_async(
+        self, conn: psycopg.AsyncConnection[Any], until: float | None = None, why: str | None = None
+    ) -> None:
         unwatch(conn)  # psycopg's waits below register the socket themselves
         try:
             if self._setup is not None:
                 conn.pgconn.send_query(self._setup)
-                result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
+                result = (await self._wait_async(conn, until, why))[-1]
                 self._check(conn, result, pq.ExecStatus.COMMAND_OK)
             for name, text in self.statements.items():
                 conn.pgconn.send_prepare(name, text.encode())
-                result = (await conn.wait(generators.execute(conn.pgconn)))[-1]
+                result = (await self._wait_async(conn, until, why))[-1]
                 if result.error_field(pq.DiagnosticField.SQLSTATE) != _ALREADY_PREPARED:
                     self._check(conn, result, pq.ExecStatus.COMMAND_OK)
         except psycopg.Error as exc:
             raise NotSentError(exc) from exc
 
+    @staticmethod
+    async def _wait_async(
+        conn: psycopg.AsyncConnection[Any], until: float | None, why: str | None
+    ) -> list[pq.abc.PGresult]:
+        timeout = _left(until)
+        try:
+            results: list[pq.abc.PGresult] = await conn.wait(
+                generators.execute(conn.pgconn), timeout=timeout
+            )
+        except psycopg.errors._WaitTimeout:
+            assert timeout is not None
+            raise stalled(conn, timeout, why) from None
+        return results
+
     async def call_async(
-        self, conn: psycopg.AsyncConnection[Any], name: bytes, values: Values
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        name: bytes,
+        values: Values,
+        until: float | None = None,
+        why: str | None = None,
     ) -> pq.abc.PGresult:
         """Asyncio twin of `FastPath.call`."""
         formats = self._formats[name]
-        result = await self._exec_async(conn, name, values, formats)
+        result = await self._exec_async(conn, name, values, formats, until, why)
         if result.status != _TUPLES_OK:
             if (
                 not self.pooler
                 and result.error_field(pq.DiagnosticField.SQLSTATE) == _NO_SUCH_STATEMENT
             ):
-                await self._prepare_async(conn)
-                result = await self._exec_async(conn, name, values, formats)
+                await self._prepare_async(conn, until, why)
+                result = await self._exec_async(conn, name, values, formats, until, why)
             self._check(conn, result, _TUPLES_OK)
         return result
 
 
 async def results_async(
-    conn: psycopg.AsyncConnection[Any], timeout: float | None = None
+    conn: psycopg.AsyncConnection[Any], timeout: float | None = None, why: str | None = None
 ) -> list[pq.abc.PGresult]:
     """Every result of the query just sent on `conn`, read without blocking the loop.
 
@@ -383,7 +424,8 @@ async def results_async(
     that does not fit goes psycopg's general way. Interrupted (the task
     cancelled), the query is cancelled on the server as psycopg's wait does
     (`_interrupted`). No answer within `timeout` seconds: the connection is
-    closed and `StalledError` raised.
+    closed and `StalledError` raised (`why`: what the timeout is, when not
+    the client deadline).
     """
     pgconn = conn.pgconn
     if pgconn.flush() != 0:  # the socket buffer was full: let psycopg send the rest
@@ -394,7 +436,7 @@ async def results_async(
             )
         except psycopg.errors._WaitTimeout:
             assert timeout is not None
-            raise _stalled(conn, timeout) from None
+            raise stalled(conn, timeout, why) from None
         return results
     results = []
     watch = None
@@ -427,7 +469,7 @@ async def results_async(
     except _Expired:
         unwatch(conn)
         assert timeout is not None
-        raise _stalled(conn, timeout) from None
+        raise stalled(conn, timeout, why) from None
     except OSError as exc:  # the socket went away under the event loop
         unwatch(conn)
         raise psycopg.OperationalError("connection socket closed") from exc

@@ -28,6 +28,10 @@ rather than waiting out `pool_timeout` (`StorePool` notes the pool's failed
 connection attempts, and a caller that would wait tries one connection of
 its own first), and once the server is back the pool reconnects within
 about a second (its retry back-off is capped at `RECONNECT_CAP`).
+
+The pool's connections are `AsyncStoreConnection`s: every wait psycopg makes
+on one (a statement's round trip, BEGIN, COMMIT, a pipeline's sync) ends at
+the store's client deadline, whatever the network does.
 """
 
 from __future__ import annotations
@@ -40,8 +44,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from psycopg import errors, pq
+from psycopg.abc import RV, PQGen
 from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ._fastpath import stalled
 
 _OK = pq.ConnStatus.OK
 _IDLE = pq.TransactionStatus.IDLE
@@ -55,6 +62,45 @@ RECONNECT_CAP = 1.0
 #: How long a caller waits in the pool before it looks again whether the pool
 #: has started failing to connect (then it tries one connection itself).
 _PATIENCE = 0.25
+#: psycopg's own default for how often a wait wakes up to look for an interrupt.
+_WAIT_INTERVAL = 0.1
+
+
+class StoreConnection(psycopg.Connection[Any]):
+    """A store connection whose every wait ends by `deadline` (issue 31).
+
+    The server's statement_timeout cannot end a call whose path went silent (a
+    stalled network, a hung server): its statement, or its answer, never
+    arrives, and psycopg would wait for as long as the socket stays open. Here
+    each of psycopg's waits on the connection (a statement's round trip, BEGIN,
+    COMMIT, a pipeline's sync; also the SQL a caller runs on a borrowed
+    connection) gives up at `deadline` seconds: the connection is closed, so
+    it is never reused (its pool replaces it), and `StalledError` (a
+    `psycopg.OperationalError`) is raised for the caller's usual mapping of a
+    lost connection. A caller's own shorter `timeout` keeps psycopg's meaning.
+    """
+
+    #: Seconds one wait may last (the store's `Limits.client_deadline`, set when
+    #: the pool opens the connection); None: as long as the socket stays open.
+    deadline: float | None = None
+
+    def wait(
+        self, gen: PQGen[RV], interval: float = _WAIT_INTERVAL, timeout: float | None = None
+    ) -> RV:
+        """psycopg's wait, ended at `deadline` (see the class)."""
+        limit = self.deadline
+        if limit is None or (timeout is not None and timeout <= limit):
+            return super().wait(gen, interval, timeout)
+        try:
+            return super().wait(gen, interval, limit)
+        except errors._WaitTimeout:
+            raise stalled(self, limit) from None
+
+
+def set_deadline(conn: psycopg.Connection[Any], seconds: float | None) -> None:
+    """Bound each wait on a store connection to `seconds` (None: unbounded)."""
+    if isinstance(conn, StoreConnection):
+        conn.deadline = seconds
 
 
 class StorePool(ConnectionPool[psycopg.Connection[Any]]):
@@ -129,11 +175,12 @@ class ConnectionStack:
         # Tasks need no lock: nothing awaits while it is held. Threads do.
         self._lock = threading.Lock()
 
-    def take(self, fast: bool = False) -> psycopg.Connection[Any]:
+    def take(self, fast: bool = False, timeout: float | None = None) -> psycopg.Connection[Any]:
         """A live connection for one call; hand it back with `give_back` in a `finally`.
 
         `fast`: for the fast path, which may keep its socket registered with the
         event loop (asyncio); any other use must find it unregistered.
+        `timeout`: wait at most this long for the pool (pool_timeout if shorter).
         Raises the pool's errors (PoolTimeout, PoolClosed), or OperationalError
         when every connection tried was dead; nothing was sent in either case.
         """
@@ -143,7 +190,7 @@ class ConnectionStack:
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
             if conn is None:
-                conn = self._next()
+                conn = self._next(timeout)
             if alive(conn):
                 return conn
             discard(conn)
@@ -151,7 +198,7 @@ class ConnectionStack:
             conn = None
         raise psycopg.OperationalError("every connection tried had been closed by the server")
 
-    def _next(self) -> psycopg.Connection[Any]:
+    def _next(self, timeout: float | None = None) -> psycopg.Connection[Any]:
         """A kept connection, else one from the pool (waiting with a ticket)."""
         ticket = object()
         with self._lock:
@@ -161,13 +208,13 @@ class ConnectionStack:
         if kept is not None:
             return kept
         try:
-            return self._getconn()
+            return self._getconn(timeout)
         finally:
             with self._lock:
                 if ticket in self._tickets:  # not yet used by a `give_back`
                     self._tickets.remove(ticket)
 
-    def _getconn(self) -> psycopg.Connection[Any]:
+    def _getconn(self, timeout: float | None = None) -> psycopg.Connection[Any]:
         """The pool's `getconn`, unless the pool is failing to connect and so
         is the probe: then the probe's error, within its connect_timeout.
 
@@ -176,9 +223,10 @@ class ConnectionStack:
         server that is back (the pool reconnects within `RECONNECT_CAP`)
         costs one extra connection per waiting caller."""
         pool = self._pool
+        wait = pool.timeout if timeout is None else min(timeout, pool.timeout)
         if self._probe is None or not isinstance(pool, StorePool):
-            return pool.getconn()
-        deadline = time.monotonic() + pool.timeout
+            return pool.getconn(wait)
+        deadline = time.monotonic() + wait
         probed = 0
         while True:
             if pool.failing and pool.failures != probed:
@@ -186,16 +234,16 @@ class ConnectionStack:
                 self._probe()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PoolTimeout(f"couldn't get a connection after {pool.timeout:.2f} sec")
+                raise PoolTimeout(f"couldn't get a connection after {wait:.2f} sec")
             try:
                 return pool.getconn(min(remaining, _PATIENCE))
             except PoolTimeout:
                 continue
 
     @contextmanager
-    def borrow(self) -> Iterator[psycopg.Connection[Any]]:
-        """`take` and `give_back` around a block."""
-        conn = self.take()
+    def borrow(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """`take` (waiting at most `timeout` for the pool) and `give_back` around a block."""
+        conn = self.take(timeout=timeout)
         try:
             yield conn
         finally:

@@ -27,6 +27,10 @@ rather than waiting out `pool_timeout` (`StorePool` notes the pool's failed
 connection attempts, and a caller that would wait tries one connection of
 its own first), and once the server is back the pool reconnects within
 about a second (its retry back-off is capped at `RECONNECT_CAP`).
+
+The pool's connections are `AsyncStoreConnection`s: every wait psycopg makes
+on one (a statement's round trip, BEGIN, COMMIT, a pipeline's sync) ends at
+the store's client deadline, whatever the network does.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 import psycopg
-from psycopg import pq
+from psycopg import errors, pq
+from psycopg.abc import RV, PQGen
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ._fastpath import unwatch  # sync: -
+from ._fastpath import stalled, unwatch  # sync: from ._fastpath import stalled
 
 # sync: import threading
 
@@ -57,6 +62,46 @@ RECONNECT_CAP = 1.0
 #: How long a caller waits in the pool before it looks again whether the pool
 #: has started failing to connect (then it tries one connection itself).
 _PATIENCE = 0.25
+#: psycopg's own default for how often a wait wakes up to look for an interrupt.
+_WAIT_INTERVAL = 0.1
+
+
+class AsyncStoreConnection(psycopg.AsyncConnection[Any]):
+    """A store connection whose every wait ends by `deadline` (issue 31).
+
+    The server's statement_timeout cannot end a call whose path went silent (a
+    stalled network, a hung server): its statement, or its answer, never
+    arrives, and psycopg would wait for as long as the socket stays open. Here
+    each of psycopg's waits on the connection (a statement's round trip, BEGIN,
+    COMMIT, a pipeline's sync; also the SQL a caller runs on a borrowed
+    connection) gives up at `deadline` seconds: the connection is closed, so
+    it is never reused (its pool replaces it), and `StalledError` (a
+    `psycopg.OperationalError`) is raised for the caller's usual mapping of a
+    lost connection. A caller's own shorter `timeout` keeps psycopg's meaning.
+    """
+
+    #: Seconds one wait may last (the store's `Limits.client_deadline`, set when
+    #: the pool opens the connection); None: as long as the socket stays open.
+    deadline: float | None = None
+
+    async def wait(
+        self, gen: PQGen[RV], interval: float = _WAIT_INTERVAL, timeout: float | None = None
+    ) -> RV:
+        """psycopg's wait, ended at `deadline` (see the class)."""
+        limit = self.deadline
+        if limit is None or (timeout is not None and timeout <= limit):
+            return await super().wait(gen, interval, timeout)
+        try:
+            return await super().wait(gen, interval, limit)
+        except errors._WaitTimeout:
+            unwatch(self)  # sync: -
+            raise stalled(self, limit) from None
+
+
+def set_deadline(conn: psycopg.AsyncConnection[Any], seconds: float | None) -> None:
+    """Bound each wait on a store connection to `seconds` (None: unbounded)."""
+    if isinstance(conn, AsyncStoreConnection):
+        conn.deadline = seconds
 
 
 class AsyncStorePool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
@@ -132,11 +177,14 @@ class AsyncConnectionStack:
         # Tasks need no lock: nothing awaits while it is held. Threads do.
         self._lock = nullcontext()  # sync: self._lock = threading.Lock()
 
-    async def take(self, fast: bool = False) -> psycopg.AsyncConnection[Any]:
+    async def take(
+        self, fast: bool = False, timeout: float | None = None
+    ) -> psycopg.AsyncConnection[Any]:
         """A live connection for one call; hand it back with `give_back` in a `finally`.
 
         `fast`: for the fast path, which may keep its socket registered with the
         event loop (asyncio); any other use must find it unregistered.
+        `timeout`: wait at most this long for the pool (pool_timeout if shorter).
         Raises the pool's errors (PoolTimeout, PoolClosed), or OperationalError
         when every connection tried was dead; nothing was sent in either case.
         """
@@ -146,7 +194,7 @@ class AsyncConnectionStack:
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
             if conn is None:
-                conn = await self._next()
+                conn = await self._next(timeout)
             if alive(conn):
                 if not fast:  # sync: -
                     unwatch(conn)  # sync: -
@@ -156,7 +204,7 @@ class AsyncConnectionStack:
             conn = None
         raise psycopg.OperationalError("every connection tried had been closed by the server")
 
-    async def _next(self) -> psycopg.AsyncConnection[Any]:
+    async def _next(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
         """A kept connection, else one from the pool (waiting with a ticket)."""
         ticket = object()
         with self._lock:
@@ -166,13 +214,13 @@ class AsyncConnectionStack:
         if kept is not None:
             return kept
         try:
-            return await self._getconn()
+            return await self._getconn(timeout)
         finally:
             with self._lock:
                 if ticket in self._tickets:  # not yet used by a `give_back`
                     self._tickets.remove(ticket)
 
-    async def _getconn(self) -> psycopg.AsyncConnection[Any]:
+    async def _getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
         """The pool's `getconn`, unless the pool is failing to connect and so
         is the probe: then the probe's error, within its connect_timeout.
 
@@ -181,9 +229,10 @@ class AsyncConnectionStack:
         server that is back (the pool reconnects within `RECONNECT_CAP`)
         costs one extra connection per waiting caller."""
         pool = self._pool
+        wait = pool.timeout if timeout is None else min(timeout, pool.timeout)
         if self._probe is None or not isinstance(pool, AsyncStorePool):
-            return await pool.getconn()
-        deadline = time.monotonic() + pool.timeout
+            return await pool.getconn(wait)
+        deadline = time.monotonic() + wait
         probed = 0
         while True:
             if pool.failing and pool.failures != probed:
@@ -191,16 +240,18 @@ class AsyncConnectionStack:
                 await self._probe()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PoolTimeout(f"couldn't get a connection after {pool.timeout:.2f} sec")
+                raise PoolTimeout(f"couldn't get a connection after {wait:.2f} sec")
             try:
                 return await pool.getconn(min(remaining, _PATIENCE))
             except PoolTimeout:
                 continue
 
     @asynccontextmanager
-    async def borrow(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """`take` and `give_back` around a block."""
-        conn = await self.take()
+    async def borrow(
+        self, timeout: float | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """`take` (waiting at most `timeout` for the pool) and `give_back` around a block."""
+        conn = await self.take(timeout=timeout)
         try:
             yield conn
         finally:

@@ -22,6 +22,7 @@ from ..driver import (
     ReapReport,
     ReapRequest,
 )
+from ..driver.ops import EnsureOp
 from ..errors import LeaseLostError, LockTimeoutError
 from ..types import Claim
 from . import _core, maintenance
@@ -33,15 +34,20 @@ from ._runtime_core import (
     _attempt_error,
     _batch_args,
     _busy,
+    _checkout_error,
     _claim_query,
     _connect_error,
     _connect_kwargs,
+    _limit,
     _limits,
+    _no_answer,
     _raise,
     _release_args,
     _results,
+    _stalled,
     log,
 )
+from ._stall import arm
 
 
 class PgHeartbeatChannel:
@@ -58,24 +64,34 @@ class PgHeartbeatChannel:
         # beats in the keeper's; `abort` (the watchdog's) never takes it.
         self._lock = threading.Lock()
 
-    def connect(self) -> None:
-        self._connection()
+    def connect(self, timeout: float | None = None) -> None:
+        self._connection(timeout)
 
-    def _connection(self) -> psycopg.Connection[Any]:
+    def _connection(self, timeout: float | None = None) -> psycopg.Connection[Any]:
+        """The open connection, else a new one within the connect timeout
+        (`timeout`, when given, shortens it: an acquire's time left)."""
+        limit = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
         with self._lock:
             if self._conn is None or self._conn.closed:
                 self._conn = None
                 try:
-                    kwargs = _connect_kwargs(self._connect_timeout, self._schema, self._pooler)
+                    kwargs = _connect_kwargs(limit, self._schema, self._pooler)
                     conn = psycopg.connect(self._dsn, **kwargs)
                 except psycopg.Error as exc:
                     _raise(_connect_error(exc, self._dsn), exc)
+                # The setup is a round trip too: bounded like the connect.
+                deadline = arm(conn, limit)
                 try:
                     if not self._pooler:
                         conn.execute(SESSION_SETUP)
                 except psycopg.Error as exc:
                     conn.close()
+                    if deadline is not None and deadline.fired:
+                        exc = _no_answer(exc, limit)
                     _raise(_connect_error(exc, self._dsn), exc)
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()
                 self._conn = conn
             return self._conn
 
@@ -112,6 +128,13 @@ class PgHeartbeatChannel:
                 conn.close()
 
 
+def _borrow(store: Any, timeout: float | None) -> Any:
+    """A connection of the store's pool for one runtime call, waiting at most
+    `timeout` (when shorter than pool_timeout) for the pool: an acquire's time
+    left bounds the checkout too. A PoolTimeout then says nothing was sent."""
+    return store._driver.connection(timeout)
+
+
 class PgRuntime:
     """The runtime driver of `AsyncPostgresStore` (or of anything with ``dsn``
     and ``schema``, for a keeper alone)."""
@@ -120,11 +143,47 @@ class PgRuntime:
         self._store = store
         self._q = FleetQueries(store.schema)
 
-    def attempt_claim(self, request: ClaimRequest) -> ClaimAttempt | None:
+    def ensure_resource(self, op: EnsureOp, timeout: float | None = None) -> str:
+        store = self._store
+        args = [op.resource_type, op.key]
+        limit = _limit(store, timeout)
+        for attempt in (1, 2):
+            try:
+                with _borrow(store, limit) as conn:
+                    deadline = arm(conn, limit)
+                    try:
+                        if (bound := _core.pooler_local_limits(store)) is None:
+                            row = conn.execute(self._q.ensure, args).fetchone()
+                        else:
+                            with conn.pipeline(), conn.transaction():
+                                conn.execute(bound)
+                                row = conn.execute(self._q.ensure, args).fetchone()
+                    except psycopg.Error as exc:
+                        if deadline is not None and deadline.fired:  # a silent path: no retry
+                            _raise(_stalled(exc, deadline.seconds, store.dsn), exc)
+                        if conn.broken and attempt == 1:
+                            continue  # idempotent: once more on a fresh connection
+                        _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+                    finally:
+                        if deadline is not None:
+                            deadline.cancel()  # before the connection (and its socket) goes
+            except psycopg.Error as exc:  # checking a connection out: nothing was sent
+                _raise(_checkout_error(exc, store, limit), exc)
+            assert row is not None  # the statement always returns the id
+            return str(row[0])
+        raise AssertionError("unreachable")
+
+    def attempt_claim(
+        self, request: ClaimRequest, timeout: float | None = None
+    ) -> ClaimAttempt | None:
         store = self._store
         query, args = _claim_query(self._q, request)
+        limit = _limit(store, timeout)
         try:
-            with store.connection() as conn:
+            with _borrow(store, limit) as conn:
+                # No answer by the limit: the socket is shut down (`_stall`), and
+                # the claim's outcome is unknown (it may have committed).
+                deadline = arm(conn, limit)
                 try:
                     if (bound := _core.pooler_local_limits(store)) is None:
                         row = conn.execute(query, args).fetchone()
@@ -134,12 +193,18 @@ class PgRuntime:
                             conn.execute(bound)
                             row = conn.execute(query, args).fetchone()
                 except psycopg.Error as exc:
+                    if deadline is not None and deadline.fired:
+                        unanswered = _no_answer(exc, deadline.seconds)
+                        _raise(_attempt_error(unanswered, True, store, request), exc)
                     if _busy(exc):
                         log.debug("acquire %s: lease row locked, retrying", request.resource_id)
                         return None
                     _raise(_attempt_error(exc, conn.broken, store, request), exc)
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()  # before the connection (and its socket) goes
         except psycopg.Error as exc:  # checking a connection out: nothing was sent
-            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+            _raise(_checkout_error(exc, store, limit), exc)
         except LockTimeoutError:  # a store that words 55P03 itself
             return None
         assert row is not None
@@ -163,13 +228,23 @@ class PgRuntime:
             _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
         return _results(rows)
 
-    def leave_queue(self, request: LeaveQueue) -> None:
+    def leave_queue(self, request: LeaveQueue, timeout: float | None = None) -> None:
         store = self._store
+        limit = _limit(store, timeout)
         try:
-            with store.connection() as conn:
-                conn.execute(self._q.leave_queue, [request.waiter])
+            with _borrow(store, limit) as conn:
+                deadline = arm(conn, limit)
+                try:
+                    conn.execute(self._q.leave_queue, [request.waiter])
+                except psycopg.Error as exc:
+                    if deadline is not None and deadline.fired:
+                        _raise(_stalled(exc, deadline.seconds, store.dsn), exc)
+                    raise
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()
         except psycopg.Error as exc:
-            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+            _raise(_checkout_error(exc, store, limit), exc)
 
     def heartbeat_channel(self, connect_timeout: float) -> PgHeartbeatChannel:
         store = self._store

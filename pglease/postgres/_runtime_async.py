@@ -21,6 +21,7 @@ from ..driver import (
     ReapReport,
     ReapRequest,
 )
+from ..driver.ops import EnsureOp
 from ..errors import DatabaseUnavailableError, LeaseLostError, LockTimeoutError
 from ..types import Claim
 from . import _core, maintenance
@@ -33,15 +34,20 @@ from ._runtime_core import (
     _attempt_error,
     _batch_args,
     _busy,
+    _checkout_error,
     _claim_query,
     _connect_error,
     _connect_kwargs,
+    _limit,
     _limits,
+    _no_answer,
     _raise,
     _release_args,
     _results,
+    _stalled,
     log,
 )
+from ._stall import arm_async
 
 # sync: import threading
 
@@ -60,18 +66,21 @@ class AsyncPgHeartbeatChannel:
         # beats in the keeper's; `abort` (the watchdog's) never takes it.
         self._lock = asyncio.Lock()  # sync: self._lock = threading.Lock()
 
-    async def connect(self) -> None:
-        await self._connection()
+    async def connect(self, timeout: float | None = None) -> None:
+        await self._connection(timeout)
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+    async def _connection(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
+        """The open connection, else a new one within the connect timeout
+        (`timeout`, when given, shortens it: an acquire's time left)."""
+        limit = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
         async with self._lock:
             if self._conn is None or self._conn.closed:
                 self._conn = None
                 try:
-                    kwargs = _connect_kwargs(self._connect_timeout, self._schema, self._pooler)
+                    kwargs = _connect_kwargs(limit, self._schema, self._pooler)
                     # async-only: begin
                     # A client-side bound too: psycopg's connect_timeout is per attempt.
-                    async with asyncio.timeout(self._connect_timeout + 1):
+                    async with asyncio.timeout(limit if timeout is not None else limit + 1):
                         conn = await psycopg.AsyncConnection.connect(self._dsn, **kwargs)
                     # async-only: end
                     # sync: conn = psycopg.connect(self._dsn, **kwargs)
@@ -80,15 +89,22 @@ class AsyncPgHeartbeatChannel:
                 # async-only: begin
                 except TimeoutError as exc:
                     raise DatabaseUnavailableError(
-                        f"{_CONNECT_FAILED}: no answer within {self._connect_timeout:g} s"
+                        f"{_CONNECT_FAILED}: no answer within {limit:g} s"
                     ) from exc
                 # async-only: end
+                # The setup is a round trip too: bounded like the connect.
+                deadline = arm_async(conn, limit)
                 try:
                     if not self._pooler:
                         await conn.execute(SESSION_SETUP)
                 except psycopg.Error as exc:
                     await conn.close()
+                    if deadline is not None and deadline.fired:
+                        exc = _no_answer(exc, limit)
                     _raise(_connect_error(exc, self._dsn), exc)
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()
                 self._conn = conn
             return self._conn
 
@@ -125,6 +141,13 @@ class AsyncPgHeartbeatChannel:
                 await asyncio.wait_for(conn.close(), 1.0)  # sync: conn.close()
 
 
+def _borrow(store: Any, timeout: float | None) -> Any:
+    """A connection of the store's pool for one runtime call, waiting at most
+    `timeout` (when shorter than pool_timeout) for the pool: an acquire's time
+    left bounds the checkout too. A PoolTimeout then says nothing was sent."""
+    return store._driver.connection(timeout)
+
+
 class AsyncPgRuntime:
     """The runtime driver of `AsyncPostgresStore` (or of anything with ``dsn``
     and ``schema``, for a keeper alone)."""
@@ -133,11 +156,47 @@ class AsyncPgRuntime:
         self._store = store
         self._q = FleetQueries(store.schema)
 
-    async def attempt_claim(self, request: ClaimRequest) -> ClaimAttempt | None:
+    async def ensure_resource(self, op: EnsureOp, timeout: float | None = None) -> str:
+        store = self._store
+        args = [op.resource_type, op.key]
+        limit = _limit(store, timeout)
+        for attempt in (1, 2):
+            try:
+                async with _borrow(store, limit) as conn:
+                    deadline = arm_async(conn, limit)
+                    try:
+                        if (bound := _core.pooler_local_limits(store)) is None:
+                            row = await (await conn.execute(self._q.ensure, args)).fetchone()
+                        else:
+                            async with conn.pipeline(), conn.transaction():
+                                await conn.execute(bound)
+                                row = await (await conn.execute(self._q.ensure, args)).fetchone()
+                    except psycopg.Error as exc:
+                        if deadline is not None and deadline.fired:  # a silent path: no retry
+                            _raise(_stalled(exc, deadline.seconds, store.dsn), exc)
+                        if conn.broken and attempt == 1:
+                            continue  # idempotent: once more on a fresh connection
+                        _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+                    finally:
+                        if deadline is not None:
+                            deadline.cancel()  # before the connection (and its socket) goes
+            except psycopg.Error as exc:  # checking a connection out: nothing was sent
+                _raise(_checkout_error(exc, store, limit), exc)
+            assert row is not None  # the statement always returns the id
+            return str(row[0])
+        raise AssertionError("unreachable")
+
+    async def attempt_claim(
+        self, request: ClaimRequest, timeout: float | None = None
+    ) -> ClaimAttempt | None:
         store = self._store
         query, args = _claim_query(self._q, request)
+        limit = _limit(store, timeout)
         try:
-            async with store.connection() as conn:
+            async with _borrow(store, limit) as conn:
+                # No answer by the limit: the socket is shut down (`_stall`), and
+                # the claim's outcome is unknown (it may have committed).
+                deadline = arm_async(conn, limit)
                 try:
                     if (bound := _core.pooler_local_limits(store)) is None:
                         row = await (await conn.execute(query, args)).fetchone()
@@ -147,12 +206,18 @@ class AsyncPgRuntime:
                             await conn.execute(bound)
                             row = await (await conn.execute(query, args)).fetchone()
                 except psycopg.Error as exc:
+                    if deadline is not None and deadline.fired:
+                        unanswered = _no_answer(exc, deadline.seconds)
+                        _raise(_attempt_error(unanswered, True, store, request), exc)
                     if _busy(exc):
                         log.debug("acquire %s: lease row locked, retrying", request.resource_id)
                         return None
                     _raise(_attempt_error(exc, conn.broken, store, request), exc)
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()  # before the connection (and its socket) goes
         except psycopg.Error as exc:  # checking a connection out: nothing was sent
-            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+            _raise(_checkout_error(exc, store, limit), exc)
         except LockTimeoutError:  # a store that words 55P03 itself
             return None
         assert row is not None
@@ -176,13 +241,23 @@ class AsyncPgRuntime:
             _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
         return _results(rows)
 
-    async def leave_queue(self, request: LeaveQueue) -> None:
+    async def leave_queue(self, request: LeaveQueue, timeout: float | None = None) -> None:
         store = self._store
+        limit = _limit(store, timeout)
         try:
-            async with store.connection() as conn:
-                await conn.execute(self._q.leave_queue, [request.waiter])
+            async with _borrow(store, limit) as conn:
+                deadline = arm_async(conn, limit)
+                try:
+                    await conn.execute(self._q.leave_queue, [request.waiter])
+                except psycopg.Error as exc:
+                    if deadline is not None and deadline.fired:
+                        _raise(_stalled(exc, deadline.seconds, store.dsn), exc)
+                    raise
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()
         except psycopg.Error as exc:
-            _raise(_core.driver_error(exc, _limits(store), store.dsn), exc)
+            _raise(_checkout_error(exc, store, limit), exc)
 
     def heartbeat_channel(self, connect_timeout: float) -> AsyncPgHeartbeatChannel:
         store = self._store

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from ..driver import (
     ClaimAttempt,
@@ -21,7 +22,7 @@ from ..driver import (
     HeartbeatItem,
     HeartbeatResult,
 )
-from ..errors import PgleaseError
+from ..errors import DatabaseUnavailableError, PgleaseError
 from ..ids import token_hash
 from ..types import Claim, Owner
 from . import _core, _outcomes
@@ -70,6 +71,7 @@ class FleetQueries:
             " FROM {s}.claim_fair(%s, %s, %s, %s, %s::float8, %s, %s::float8) c"
         )
         self.leave_queue = q("SELECT {s}.leave_queue(%s)")
+        self.ensure = q("SELECT {s}.ensure_resource(%s, %s)")
         self.queue_length = q(
             "SELECT count(*) FROM {s}.lease_waiters WHERE resource_id = %s"
             " AND expires_at > clock_timestamp()"
@@ -214,6 +216,54 @@ def _attempt_error(
         )
         return unknown(exc)
     return _core.driver_error(exc, _limits(store), store.dsn)
+
+
+def _limit(store: object, timeout: float | None) -> float | None:
+    """How long a runtime call waits for an answer before its connection is shut
+    down (`_stall`): the caller's `timeout` (an acquire's time left), at most the
+    store's own client deadline; None when neither bounds it."""
+    limits = _limits(store)
+    own = limits.client_deadline if limits is not None else None
+    if timeout is None:
+        return own
+    return timeout if own is None else min(own, timeout)
+
+
+def _checkout_error(exc: psycopg.Error, store: Any, limit: float | None) -> PgleaseError:
+    """A runtime call's error from checking out a connection or its statement
+    (nothing was sent, or a plain error): a checkout cut short by the caller's
+    `limit` says so instead of naming pool_timeout."""
+    limits = _limits(store)
+    pool_wait = limits.pool_timeout if limits is not None else None
+    if (
+        isinstance(exc, PoolTimeout)
+        and limit is not None
+        and (pool_wait is None or limit < pool_wait)
+    ):
+        return DatabaseUnavailableError(
+            f"no database connection became free within {limit:g} s (what the call had"
+            " left of its timeout); nothing was sent"
+        )
+    return _core.driver_error(exc, limits, store.dsn)
+
+
+def _no_answer(exc: psycopg.Error, seconds: float) -> psycopg.OperationalError:
+    """The error a call cut off by its client deadline reports (the original
+    stays its cause): what happened, not the socket's end-of-file."""
+    error = psycopg.OperationalError(
+        f"no answer from PostgreSQL within {seconds:g} s; the connection was closed"
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _stalled(exc: psycopg.Error, seconds: float, dsn: str) -> PgleaseError:
+    """A call that changes nothing worth knowing (ensure, leaving the queue)
+    got no answer by its deadline."""
+    return DatabaseUnavailableError(
+        f"no answer from PostgreSQL within {seconds:g} s; the connection was closed"
+        f" ({_core._detail(exc, dsn)})"
+    )
 
 
 def _raise(error: PgleaseError, exc: psycopg.Error) -> NoReturn:

@@ -11,6 +11,15 @@ the runtime called them before it went through the protocol: one round trip
 per attempt, psycopg's automatic preparation on a direct store, pooler mode's
 transaction-local limits (`_core.pooler_local_limits`) behind PgBouncer.
 
+Client deadlines: `ensure_resource`, `attempt_claim` and `leave_queue` take
+a `timeout` (what an acquire has left, plus its grace): the wait for a pooled
+connection ends by it, and a statement unanswered by it (or by the store's
+`Limits.client_deadline`, whichever is first) has its socket shut down
+(`pglease.postgres._stall`). A claim cut off that way is a
+`CommitOutcomeUnknownError` with the request's token; the others are
+`DatabaseUnavailableError`s (ensuring and leaving the queue are harmless to
+repeat). A keeper line's `connect(timeout)` shortens its connect timeout.
+
 Keeper lines: a keeper's heartbeats run on a dedicated connection, never a
 pooled one, so application work that exhausts the pool cannot starve them.
 The session is set up with plain ``SET`` statements after connecting, never

@@ -11,11 +11,12 @@ from a cancellation (a fair waiter's queue entry, the release on exit) and in
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 from .. import _instrument
+from .._common import ensure_op
 from .._compat import sleep
 from ..clock import SYSTEM_CLOCK, Clock
 from ..driver import ClaimAttempt, RuntimeDriver
@@ -25,13 +26,15 @@ from ..validation import check_ttl
 from ._acquire_core import (
     _NO_LOCK,
     BUSY_PAUSE,
+    LEAVE_LIMIT,
+    _Budget,
     _check_timeout,
     _claim_outcome,
-    _left,
     _Outcome,
     _Pause,
     _Plan,
     _same_clock,
+    _trust,
     _waiting,
 )
 from ._rooms import Member, Room, join
@@ -61,15 +64,34 @@ def _acquire(
     use_watcher: bool,
     stop: Any = None,
     clock: Clock = SYSTEM_CLOCK,
+    *,
+    budget: _Budget | None = None,
+    trust: float | None = None,
+    on_late: Callable[[Claim], object] | None = None,
 ) -> tuple[Claim, float]:
     """(claim, start on `clock` of the request that won it); a set `stop` event
-    ends the wait with `AcquireTimeoutError` (an election that stops)."""
+    ends the wait with `AcquireTimeoutError` (an election that stops).
+
+    `budget`: the timeout already running (`hold` spent some on its keeper's
+    connect), else one starts here. A claim answered more than `trust` seconds
+    after its request (default: `_trust`) is a loss, never returned: it goes
+    to `on_late` (`hold`: its keeper releases it) or runs out by itself, and
+    the wait goes on."""
     with _waiting(clock):
-        timeout = _check_timeout(timeout)
+        if budget is None:
+            budget = _Budget(clock, _check_timeout(timeout))
+        timeout = budget.timeout
         ttl = check_ttl(ttl)  # bad input changes nothing: checked before the resource is made
-        deadline = None if timeout is None else clock.monotonic() + timeout
-        rid = store.ensure_resource(resource_type, key)
+        trusted = _trust(ttl, trust)
+        op = ensure_op(resource_type, key)
         driver = store.runtime_driver()
+        try:
+            rid = driver.ensure_resource(op, budget.step())
+        except PgleaseError as exc:
+            error = budget.step_failed(exc, f"{resource_type}/{key} for {owner}")
+            if error is exc:
+                raise
+            raise error from exc
         plan = _Plan(rid, owner, ttl, fair)
         room: Room | None = None
         member: Member | None = None
@@ -78,7 +100,7 @@ def _acquire(
         won = False
         try:
             if room is not None:
-                room.await_ready(_left(clock, deadline))
+                room.await_ready(budget.left())
             first = True
             while True:
                 if member is not None:
@@ -88,21 +110,28 @@ def _acquire(
                 enqueue = room.enqueue if room is not None and fair and first else _NO_LOCK
                 with enqueue:
                     started = clock.monotonic()
-                    answer = _attempt(driver, plan)
+                    answer = _attempt(driver, plan, budget)
                     if first and room is not None and member is not None:
                         room.rank(member)
                 first = False
                 outcome = _Outcome(None, BUSY_PAUSE) if answer is None else plan.outcome(answer)
                 if outcome.claim is not None:
-                    won = True
-                    return outcome.claim, started
-                left = _left(clock, deadline)
-                if left is not None and left <= 0:
+                    took = clock.monotonic() - started
+                    if took < trusted:
+                        won = True
+                        return outcome.claim, started
+                    # Won, but the answer came after the trust window closed: the
+                    # holder could not trust it for a moment. A loss, not a lease.
+                    plan.late(outcome.claim, took, trusted)
+                    if on_late is not None:
+                        on_late(outcome.claim)
+                    outcome = _Outcome(None, 0.0)  # look again at once
+                if budget.over():
                     raise plan.timeout_error(timeout)
                 if stop is not None and stop.is_set():
                     raise AcquireTimeoutError("acquire stopped")
                 poll = room is None or room.broken
-                pause = _Pause(clock, deadline, outcome.wake_in, poll, stop)
+                pause = _Pause(clock, budget.deadline, outcome.wake_in, poll, stop)
                 while (wait := pause.next_wait()) is None or wait > 0:
                     if room is not None and member is not None:
                         if room.wait(member, wait):
@@ -116,24 +145,33 @@ def _acquire(
             _leave_queue(driver, plan, won)
 
 
-def _attempt(driver: RuntimeDriver, plan: _Plan) -> ClaimAttempt | None:
-    """One claim round trip: its answer, or None when the lease row stayed locked."""
+def _attempt(
+    driver: RuntimeDriver, plan: _Plan, budget: _Budget | None = None
+) -> ClaimAttempt | None:
+    """One claim round trip: its answer, or None when the lease row stayed locked.
+
+    With a `budget`, the round trip ends by its deadline (plus `STEP_GRACE`):
+    a claim sent and unanswered by then is a `CommitOutcomeUnknownError` with
+    the plan's token; nothing sent and the time up, an `AcquireTimeoutError`."""
     try:
-        answer = driver.attempt_claim(plan.request)
-    except PgleaseError:
+        answer = driver.attempt_claim(plan.request, None if budget is None else budget.step())
+    except PgleaseError as exc:
         _instrument.recorder.claim("error")
-        raise
+        error = exc if budget is None else budget.step_failed(exc, f"{plan.rid} for {plan.owner}")
+        if error is exc:
+            raise
+        raise error from exc
     _instrument.recorder.claim(_claim_outcome(answer))
     return answer
 
 
 def _leave_queue(driver: RuntimeDriver, plan: _Plan, won: bool) -> None:
-    """Delete a fair waiter's queue entry unless it won."""
+    """Delete a fair waiter's queue entry unless it won (within `LEAVE_LIMIT`)."""
     leave = plan.leave()
     if leave is None or won:
         return
     try:
-        driver.leave_queue(leave)
+        driver.leave_queue(leave, LEAVE_LIMIT)
     except PgleaseError as exc:
         # Unreachable database: the entry runs out by itself within waiter_ttl.
         log.warning("could not remove fair-queue entry of %s: %s", plan.owner, exc)
@@ -156,8 +194,14 @@ def acquire(
     Waits at most `timeout` seconds on `clock` (None: forever; 0: one
     attempt), then raises `AcquireTimeoutError`, leaving nothing behind (a fair
     waiter's queue entry is deleted); a lease row locked past the store's
-    lock_timeout counts as held. Returns a plain `Claim` (not renewed: use
-    `hold` for that). Raises only `PgleaseError`s.
+    lock_timeout counts as held. The timeout covers every step (ensuring the
+    resource, the waiting room, each claim round trip): a step may outlast it
+    by `STEP_GRACE` (1 s) for an answer on its way, then its connection is shut
+    down; a claim sent and unanswered by then raises `CommitOutcomeUnknownError`
+    (its `.token` releases the lease if the claim committed). A claim answered
+    after its trust window (``ttl - ttl/10`` after its request) is never
+    returned: it is left to run out and the wait goes on. Returns a plain
+    `Claim` (not renewed: use `hold` for that). Raises only `PgleaseError`s.
 
     asyncio (`acquire_async`): cancelling it removes a fair waiter's queue
     entry; a claim whose request was in flight when cancelled may be won
@@ -198,8 +242,11 @@ def hold(
     keeper's, else the system clock) decides the timeout and the trust window.
 
     The keeper's connection is taken before claiming: if none can be had, this
-    raises `DatabaseUnavailableError` at once and claims nothing. Raises only
-    `PgleaseError`s (and the body's own exceptions).
+    raises `DatabaseUnavailableError` at once and claims nothing. `timeout`
+    covers that connect too, and every step after it, as in `acquire`; a claim
+    answered after the lease's trust window is never handed out (the keeper
+    releases it, and the wait goes on). Raises only `PgleaseError`s (and the
+    body's own exceptions).
 
     asyncio: when the body is cancelled the lease is by default only abandoned
     (no longer renewed, marked lost, left to run out): a cancelled task should
@@ -210,10 +257,19 @@ def hold(
     # Not `keeper or ...`: a keeper with no leases yet is falsy (it has __len__).
     keeper = keeper if keeper is not None else Keeper.for_store(store, clock or SYSTEM_CLOCK)
     _same_clock(keeper.clock, clock)
-    keeper.connect()
+    # One timeout for every step: the keeper's connect, ensure, the room, the claim.
+    budget = _Budget(keeper.clock, _check_timeout(timeout))
+    try:
+        keeper.connect(budget.step())
+    except PgleaseError as exc:
+        error = budget.step_failed(exc, f"{resource_type}/{key} for {owner}")
+        if error is exc:
+            raise
+        raise error from exc
     claim, requested_at = _acquire(
         store, resource_type, key, owner, timing.ttl, timeout, fair, use_watcher,
-        clock=keeper.clock,
+        clock=keeper.clock, budget=budget, trust=timing.ttl - timing.margin,
+        on_late=keeper.release_later,
     )  # fmt: skip
     lease = keeper.add(claim, timing, requested_at)
     if on_lost is not None:

@@ -9,6 +9,7 @@ metrics of an attempt and of a whole wait. The waiting itself is in
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,12 +18,21 @@ from typing import Any
 
 from .. import _instrument
 from .._common import claim_op
-from ..clock import Clock
+from ..clock import Clock, SystemClock
 from ..driver import ClaimAttempt, ClaimRequest, LeaveQueue
-from ..errors import AcquireTimeoutError, ValidationError
+from ..errors import (
+    AcquireTimeoutError,
+    CommitOutcomeUnknownError,
+    DatabaseUnavailableError,
+    PgleaseError,
+    StoreClosedError,
+    ValidationError,
+)
 from ..types import Claim, Owner
 from ..validation import check_timeout
-from ._timing import real_wait
+from ._timing import Timing, real_wait
+
+log = logging.getLogger("pglease.runtime")
 
 #: Without a watcher, how often a waiter re-checks a held lease (seconds).
 FALLBACK_POLL = 0.5
@@ -37,6 +47,14 @@ _EXPIRY_SLACK = 0.001
 BUSY_PAUSE = 0.05
 #: A stoppable wait (an election) looks at its stop flag this often.
 STOP_POLL = 0.25
+#: One step of an acquire (the keeper's connect, ensuring the resource, a claim
+#: round trip) may wait this long past the acquire's deadline for an answer
+#: already on its way; then its connection is shut down. So an acquire with a
+#: timeout of T ends within about T + STEP_GRACE, whatever the network does.
+STEP_GRACE = 1.0
+#: The longest a fair waiter that gives up waits to delete its queue entry
+#: (past it the entry runs out by itself within its own ttl).
+LEAVE_LIMIT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +108,14 @@ class _Plan:
             waits.append(self.refresh_every)
         return _Outcome(None, max(0.0, min(waits)) if waits else None)
 
+    def late(self, claim: Claim, took: float, trust: float) -> None:
+        """Log a claim won but answered after its trust window (not handed out)."""
+        log.warning(
+            "claim of %s (generation %d) answered %.3fs after its request, past its"
+            " trust window of %.3fs: treated as lost, not handed out",
+            claim.resource_id, claim.generation, took, trust,
+        )  # fmt: skip
+
     def timeout_error(self, timeout: float | None) -> AcquireTimeoutError:
         return AcquireTimeoutError(
             f"could not acquire {self.rid} for {self.owner} within {timeout:g}s"
@@ -104,6 +130,45 @@ _NO_LOCK: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 def _left(clock: Clock, deadline: float | None) -> float | None:
     return None if deadline is None else deadline - clock.monotonic()
+
+
+class _Budget:
+    """An acquire's timeout, spent across all its steps: the keeper's connect
+    (`hold`), ensuring the resource, the waiting room, each claim round trip."""
+
+    def __init__(self, clock: Clock, timeout: float | None) -> None:
+        self.clock = clock
+        self.timeout = timeout
+        self.deadline = None if timeout is None else clock.monotonic() + timeout
+
+    def left(self) -> float | None:
+        return _left(self.clock, self.deadline)
+
+    def over(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+    def step(self) -> float | None:
+        """Real seconds the next step may wait for an answer: what is left, plus
+        `STEP_GRACE`. None without a timeout, or under a clock other than the
+        system's (its seconds are not real ones): the store's limits then."""
+        left = self.left()
+        if left is None or not isinstance(self.clock, SystemClock):
+            return None
+        return max(0.0, left) + STEP_GRACE
+
+    def step_failed(self, exc: PgleaseError, what: str) -> PgleaseError:
+        """What a failed step that claimed nothing means: past the deadline the
+        acquire timed out (the step was cut off, or failed anyway); a claim
+        whose outcome is unknown stays that (the caller may hold it)."""
+        if (
+            isinstance(exc, DatabaseUnavailableError)
+            # Outcome unknown: the caller may hold it. Closed: not the network.
+            and not isinstance(exc, (CommitOutcomeUnknownError, StoreClosedError))
+            and self.over()
+        ):
+            return AcquireTimeoutError(f"could not acquire {what} within {self.timeout:g}s: {exc}")
+        return exc
 
 
 class _Pause:
@@ -144,6 +209,16 @@ class _Pause:
         if self.stop is not None:
             wait = _min_wait(wait, STOP_POLL)
         return wait
+
+
+def _trust(ttl: float, trust: float | None) -> float:
+    """Seconds after its request a won claim's answer may come and still be
+    handed out: its trust window (`hold`'s own; `acquire`'s is the one `hold`
+    would give the ttl by default, ``ttl - margin``)."""
+    if trust is not None:
+        return trust
+    timing = Timing.of(ttl)
+    return timing.ttl - timing.margin
 
 
 def _same_clock(keeper_clock: Clock, clock: Clock | None) -> None:

@@ -143,6 +143,7 @@ class Election:
                 claim, requested_at = _acquire(
                     self._store, ELECTION_TYPE, self.name, self.candidate, self.timing.ttl,
                     None, self._fair, True, stop=self._stop, clock=clock,
+                    trust=self.timing.ttl - self.timing.margin, on_late=keeper.release_later,
                 )  # fmt: skip
             except AcquireTimeoutError:
                 break  # stopped (the acquire has no timeout of its own)

@@ -161,6 +161,7 @@ class AsyncElection:
                 claim, requested_at = await _acquire_async(
                     self._store, ELECTION_TYPE, self.name, self.candidate, self.timing.ttl,
                     None, self._fair, True, stop=self._stop, clock=clock,
+                    trust=self.timing.ttl - self.timing.margin, on_late=keeper.release_later,
                 )  # fmt: skip
             except AcquireTimeoutError:
                 break  # stopped (the acquire has no timeout of its own)

@@ -10,6 +10,7 @@ from typing import Generic, TypeVar
 from .. import _instrument
 from ..clock import Clock
 from ..driver import HeartbeatItem, HeartbeatResult
+from ..types import Claim
 from .lease import _LeaseBase
 
 log = logging.getLogger("pglease.runtime")
@@ -71,6 +72,14 @@ class KeeperCore(Generic[L]):
         #: Leases lost by the local clock while maybe still current in the
         #: database: released (best effort) so that others need not wait.
         self.to_release: list[L] = []
+        #: Claims never handed out (won after their trust window): released too.
+        self.give_back: list[Claim] = []
+
+    def take_releases(self) -> list[Claim]:
+        """The claims to release now (lost leases', then those never handed out)."""
+        claims = [lease.claim for lease in self.to_release] + self.give_back
+        self.to_release, self.give_back = [], []
+        return claims
 
     def add(self, lease: L) -> L | None:
         """Track `lease`; return a lease it supersedes (same resource, older generation)."""

@@ -37,6 +37,16 @@ store's limits): a connection that broke while the claim was in flight is a
 `CommitOutcomeUnknownError` (the claim may have committed under this call's
 token), a pool or connect failure a `DatabaseUnavailableError`.
 
+Timeout: one budget (`_Budget`) for every step: `hold`'s keeper connect,
+ensuring the resource, the room's readiness, each claim round trip. Each
+driver call gets what is left plus `STEP_GRACE` as its client deadline, so a
+stalled path cannot hold a caller past about ``timeout + STEP_GRACE``. A step
+that fails once the budget is spent is the acquire's timeout
+(`AcquireTimeoutError`), except a claim whose outcome is unknown, which stays
+a `CommitOutcomeUnknownError` (the caller may hold it; `.token`). A claim
+answered after its trust window (`_trust`) is a loss: `hold` hands it to its
+keeper to release, `acquire` lets it run out; neither returns it.
+
 Clock: the deadline of `timeout`, and the instant a won claim's trust window
 starts from, read ``clock`` (`pglease.clock.Clock`, the system clock by
 default; `hold` uses its keeper's). Waits stay real: the holder's expiry is a
@@ -63,9 +73,12 @@ from ._acquire_core import (
     _NO_LOCK,
     BUSY_PAUSE,
     FALLBACK_POLL,
+    LEAVE_LIMIT,
     MAX_WAITER_TTL,
     MIN_WAITER_TTL,
+    STEP_GRACE,
     STOP_POLL,
+    _Budget,
     _check_timeout,
     _claim_outcome,
     _left,
@@ -75,19 +88,23 @@ from ._acquire_core import (
     _Plan,
     _record_wait,
     _same_clock,
+    _trust,
     _waiting,
 )
 
 __all__ = [
     "BUSY_PAUSE",
     "FALLBACK_POLL",
+    "LEAVE_LIMIT",
     "MAX_WAITER_TTL",
     "MIN_WAITER_TTL",
+    "STEP_GRACE",
     "STOP_POLL",
     "_EXPIRY_SLACK",
     "_NO_LOCK",
     "AsyncLeaseStore",
     "SyncLeaseStore",
+    "_Budget",
     "_Outcome",
     "_Pause",
     "_Plan",
@@ -105,6 +122,7 @@ __all__ = [
     "_release",
     "_release_async",
     "_same_clock",
+    "_trust",
     "_waiting",
     "acquire",
     "acquire_async",

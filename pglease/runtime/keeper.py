@@ -174,17 +174,28 @@ class Keeper:
                 thread.join(timeout=15)
         self._channel.close()
 
-    def connect(self) -> None:
+    def connect(self, timeout: float | None = None) -> None:
         """Open the keeper's connection now unless it has a live one.
 
         `hold` calls this before claiming: a host that cannot get a connection
         (server down, no free connection slot, bad credentials) fails at once
         with `DatabaseUnavailableError` (a `PgleaseError`) instead of holding a
         lease it cannot renew. No round trip when a connection is open.
+        `timeout` (seconds) shortens the keeper's connect timeout (`hold`
+        passes what is left of its own).
         """
         if self._closed:
             raise PgleaseError("the keeper is closed")
-        self._channel.connect()
+        self._channel.connect(timeout)
+
+    def release_later(self, claim: Claim) -> None:
+        """Release `claim` from the keeper's thread, best effort (a claim won too
+        late to be trusted: nobody holds it here, others need not wait for it)."""
+        with self._cond:
+            if self._closed:
+                return  # it runs out by itself
+            self._core.give_back.append(claim)
+            self._cond.notify_all()
 
     def add(self, claim: Claim, timing: Timing, requested_at: float) -> HeldLease:
         """Keep `claim` alive; `requested_at` is the instant (on the keeper's clock)
@@ -246,7 +257,7 @@ class Keeper:
                 # Lost leases are never renewed again. Whichever thread sweeps a
                 # lease first must signal its loss: the watchdog will not see it.
                 lost = self._core.sweep(now)
-                to_release, self._core.to_release = self._core.to_release, []
+                to_release = self._core.take_releases()
                 batch = self._core.due_batch(now)
                 if not batch and not to_release:
                     due = self._core.next_due()
@@ -254,8 +265,8 @@ class Keeper:
                     continue
             for lease in lost:
                 lease._lose(TRUST_CLOSED, cause="trust_window")
-            for lease in to_release:
-                self._release_quietly(lease.claim)
+            for claim in to_release:
+                self._release_quietly(claim)
             if batch:
                 self._beat(batch)
 
@@ -358,11 +369,18 @@ class AsyncKeeper:
             await self._task
         await self._channel.close()
 
-    async def connect(self) -> None:
+    async def connect(self, timeout: float | None = None) -> None:
         """Open the keeper's connection now unless it has a live one; see `Keeper.connect`."""
         if self._closed:
             raise PgleaseError("the keeper is closed")
-        await self._channel.connect()
+        await self._channel.connect(timeout)
+
+    def release_later(self, claim: Claim) -> None:
+        """Release `claim` from the keeper's task, best effort; see `Keeper.release_later`."""
+        if self._closed:
+            return
+        self._core.give_back.append(claim)
+        self._changed.set()
 
     def add(self, claim: Claim, timing: Timing, requested_at: float) -> AsyncHeldLease:
         """Keep `claim` alive; `requested_at` is the instant (on the keeper's clock)
@@ -388,9 +406,8 @@ class AsyncKeeper:
             now = clock.monotonic()
             for lease in self._core.sweep(now):  # signal it whoever noticed first
                 lease._lose(TRUST_CLOSED, cause="trust_window")
-            to_release, self._core.to_release = self._core.to_release, []
-            for lease in to_release:
-                await self._release_quietly(lease.claim)
+            for claim in self._core.take_releases():
+                await self._release_quietly(claim)
             batch = self._core.due_batch(now)
             if batch:
                 await self._beat(batch)

@@ -24,7 +24,7 @@ class FileHeartbeatChannel:
     def __init__(self, leases: FileLeases) -> None:
         self._leases = leases
 
-    def connect(self) -> None:
+    def connect(self, timeout: float | None = None) -> None:
         """Nothing to open: the files are open while their handles are."""
 
     def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:

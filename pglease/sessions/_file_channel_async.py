@@ -23,7 +23,7 @@ class AsyncFileHeartbeatChannel:
     def __init__(self, leases: FileLeases) -> None:
         self._leases = leases
 
-    async def connect(self) -> None:
+    async def connect(self, timeout: float | None = None) -> None:
         """Nothing to open: the files are open while their handles are."""
 
     async def heartbeat(self, batch: Sequence[HeartbeatItem]) -> list[HeartbeatResult]:

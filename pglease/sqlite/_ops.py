@@ -309,7 +309,7 @@ def claim(db: Database, op: ops.ClaimOp) -> Claim | None:
     if taken is None:
         return None
     generation, expires, revision = taken
-    return Claim(rid, owner, op.token, generation, from_us(expires), revision)
+    return Claim(rid, owner, op.token, generation, from_us(expires), revision, op.trusted_until)
 
 
 def _lock_current(
@@ -337,7 +337,9 @@ def renew(db: Database, op: ops.RenewOp) -> Claim:
             conn, c.resource_id, t, "lease.renewed", c.owner.type, c.owner.id, c.generation,
             expires, None,
         )  # fmt: skip
-    return replace(c, expires_at=from_us(expires), revision=revision)
+    return replace(
+        c, expires_at=from_us(expires), revision=revision, trusted_until=op.trusted_until
+    )
 
 
 def release(db: Database, op: ops.ReleaseOp) -> int:

@@ -46,6 +46,7 @@ from ..driver import (
     ReapRequest,
     RuntimeDriver,
 )
+from ..driver.ops import EnsureOp
 from ..driver.protocol import HeartbeatStatus
 from ..errors import LockTimeoutError
 from ..ids import token_hash
@@ -169,7 +170,8 @@ class SqliteHeartbeatChannel:
         #: (the asyncio keeper calls it before every beat).
         self._checked = False
 
-    def connect(self) -> None:
+    def connect(self, timeout: float | None = None) -> None:
+        # A local file: its busy_timeout bounds the check, not `timeout`.
         if self._checked:
             return
         # A closed store, a bad file or one without the runtime's tables fails here.
@@ -234,10 +236,18 @@ class SqliteRuntime:
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
 
-    def attempt_claim(self, request: ClaimRequest) -> ClaimAttempt | None:
+    # A local file has no silent network path: the store's busy_timeout bounds
+    # every wait, so the runtime's `timeout` adds nothing here.
+
+    def ensure_resource(self, op: EnsureOp, timeout: float | None = None) -> str:
+        return self._store.ensure_resource(op.resource_type, op.key)
+
+    def attempt_claim(
+        self, request: ClaimRequest, timeout: float | None = None
+    ) -> ClaimAttempt | None:
         return attempt_claim(self._store, request)
 
-    def leave_queue(self, request: LeaveQueue) -> None:
+    def leave_queue(self, request: LeaveQueue, timeout: float | None = None) -> None:
         leave_queue(self._store, request)
 
     def heartbeat_channel(self, connect_timeout: float) -> SqliteHeartbeatChannel:
@@ -265,7 +275,7 @@ class AsyncSqliteHeartbeatChannel:
             self._line = SqliteHeartbeatChannel(self._store.sync_store)
         return self._line
 
-    async def connect(self) -> None:
+    async def connect(self, timeout: float | None = None) -> None:
         line = self._sync()
         if not line._checked:
             await asyncio.to_thread(line.connect)
@@ -291,10 +301,15 @@ class AsyncSqliteRuntime:
     def __init__(self, store: AsyncSqliteStore) -> None:
         self._store = store
 
-    async def attempt_claim(self, request: ClaimRequest) -> ClaimAttempt | None:
+    async def ensure_resource(self, op: EnsureOp, timeout: float | None = None) -> str:
+        return await self._store.ensure_resource(op.resource_type, op.key)
+
+    async def attempt_claim(
+        self, request: ClaimRequest, timeout: float | None = None
+    ) -> ClaimAttempt | None:
         return await asyncio.to_thread(attempt_claim, self._store.sync_store, request)
 
-    async def leave_queue(self, request: LeaveQueue) -> None:
+    async def leave_queue(self, request: LeaveQueue, timeout: float | None = None) -> None:
         await asyncio.to_thread(leave_queue, self._store.sync_store, request)
 
     def heartbeat_channel(self, connect_timeout: float) -> AsyncSqliteHeartbeatChannel:
