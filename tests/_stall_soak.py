@@ -92,6 +92,8 @@ HOLD_SLACK = 0.25
 #: Converting a monotonic instant to Unix time, and the server's clock read
 #: later in its transaction, may differ by this much (the same machine's clock).
 BELIEF_SLACK = 0.05
+#: Seconds between a partition's heal and the next outage.
+OUTAGE_CLEARANCE = 3.0
 #: Errors whose message says nothing was committed: such a write must be absent.
 _NOTHING_COMMITTED = (LeaseLostError, StaleResourceError, LockTimeoutError, StatementTimeoutError)
 
@@ -272,8 +274,10 @@ class _Host:
                     self.log("hold", started, took, self.s.hold_timeout, "ok", rid, gen,
                              handed_lost)  # fmt: skip
 
-                    def noticed(error: LeaseLostError, r: str = rid, g: int = gen) -> None:
-                        self.log("lost", time.monotonic(), r, g, str(error)[:200])
+                    def noticed(error: LeaseLostError, r: str = rid, g: int = gen,
+                                held: Any = lease) -> None:  # fmt: skip
+                        # With the trust window's close: how late the news came.
+                        self.log("lost", time.monotonic(), r, g, str(error)[:200], held.deadline)
 
                     lease.on_lost(noticed)
                     revision = lease.claim.revision
@@ -898,7 +902,9 @@ def run_soak(dsn: str, schema: str, workdir: Path, settings: Settings,
                 say(f"{kind} for {settings.outage_seconds:g} s")
                 continue
             time.sleep(rnd.uniform(settings.gap_min, settings.gap_max))
-            limit = min([end, *outage_at]) - time.monotonic()
+            # A partition heals OUTAGE_CLEARANCE before an outage, so the time
+            # back after it is not the outage's.
+            limit = min([end, *(t - OUTAGE_CLEARANCE for t in outage_at)]) - time.monotonic()
             if limit < settings.partition_min:
                 continue
             length = min(limit, rnd.uniform(settings.partition_min, settings.partition_max))
@@ -930,6 +936,8 @@ def run_soak(dsn: str, schema: str, workdir: Path, settings: Settings,
                 p.join(10)
         for proxy in proxies:
             proxy.close()
+    with open(workdir / "chaos.jsonl", "w", encoding="utf-8") as out:
+        out.writelines(json.dumps(asdict(p)) + "\n" for p in chaos)
     tables = read_tables(dsn, schema)
     logs = [read_log(workdir / f"host{i}.jsonl") for i in range(settings.hosts)]
     report = SoakReport(violations=check(tables, logs))

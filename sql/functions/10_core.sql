@@ -248,16 +248,21 @@ BEGIN
     END IF;
 END $$;
 
--- Take the lease if it is free or its holder's TTL ran out. Taking over a
+-- The cold ways of claim, renew and release (the entry points below run
+-- these when their one statement matched no row, or cannot be used): the
+-- complete checks and judgements, statement by statement, which word every
+-- refusal and error. Internal: no role is granted them.
+--
+-- Claim: take the lease if it is free or its holder's TTL ran out. Taking over a
 -- holder whose expiry the reaper has not recorded yet first writes that
 -- generation's `lease.expired` (revision n+1), then `lease.claimed` (n+2),
 -- under the one row lock.
-CREATE OR REPLACE FUNCTION @schema@.claim(
+CREATE OR REPLACE FUNCTION @schema@._claim_cold(
     p_resource text, p_owner_type text, p_owner_id text, p_token_sha256 bytea,
     p_ttl double precision, p_expected_revision bigint, p_now timestamptz,
     OUT claimed boolean, OUT generation bigint, OUT expires_at timestamptz,
     OUT revision bigint, OUT holder_type text, OUT holder_id text)
-LANGUAGE plpgsql SECURITY DEFINER
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -341,7 +346,7 @@ BEGIN
                 INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
                                              lease_generation, lease_expires_at, created_at)
                 SELECT p_resource, r.revision, 'lease.claimed', p_owner_type, p_owner_id,
-                       claim.generation, claim.expires_at, v_now FROM r)
+                       _claim_cold.generation, _claim_cold.expires_at, v_now FROM r)
             SELECT r.revision,
                    (SELECT x.xid FROM @schema@.events x
                      WHERE x.resource_id = p_resource AND x.revision = r.revision - 1)
@@ -385,20 +390,21 @@ BEGIN
     expires_at := v_now + make_interval(secs => p_ttl);
     holder_type := p_owner_type;
     holder_id := p_owner_id;
-    UPDATE @schema@.leases SET generation = claim.generation, owner_type = p_owner_type,
+    UPDATE @schema@.leases SET generation = _claim_cold.generation, owner_type = p_owner_type,
         owner_id = p_owner_id, token_sha256 = p_token_sha256, acquired_at = v_now,
-        heartbeat_at = v_now, expires_at = claim.expires_at,
+        heartbeat_at = v_now, expires_at = _claim_cold.expires_at,
         expired_generation = l.expired_generation
         WHERE resource_id = p_resource;
     SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.claimed',
-        p_owner_type, p_owner_id, claim.generation, claim.expires_at, NULL) b;
+        p_owner_type, p_owner_id, _claim_cold.generation, _claim_cold.expires_at, NULL) b;
 END $$;
 
-CREATE OR REPLACE FUNCTION @schema@.renew(
+-- Renew: extend a current, unexpired lease; bump and log `lease.renewed`.
+CREATE OR REPLACE FUNCTION @schema@._renew_cold(
     p_resource text, p_owner_type text, p_owner_id text, p_generation bigint,
     p_token_sha256 bytea, p_ttl double precision, p_expected_revision bigint,
     p_now timestamptz, OUT expires_at timestamptz, OUT revision bigint)
-LANGUAGE plpgsql SECURITY DEFINER
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -417,17 +423,18 @@ BEGIN
             l.expires_at USING ERRCODE = 'PGL04';
     END IF;
     expires_at := v_now + make_interval(secs => p_ttl);
-    UPDATE @schema@.leases SET heartbeat_at = v_now, expires_at = renew.expires_at
+    UPDATE @schema@.leases SET heartbeat_at = v_now, expires_at = _renew_cold.expires_at
         WHERE resource_id = p_resource;
     SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.renewed',
-        p_owner_type, p_owner_id, p_generation, renew.expires_at, NULL) b;
+        p_owner_type, p_owner_id, p_generation, _renew_cold.expires_at, NULL) b;
 END $$;
 
-CREATE OR REPLACE FUNCTION @schema@.release(
+-- Release: end a current lease (expired or not); bump and log `lease.released`.
+CREATE OR REPLACE FUNCTION @schema@._release_cold(
     p_resource text, p_owner_type text, p_owner_id text, p_generation bigint,
     p_token_sha256 bytea, p_expected_revision bigint, p_now timestamptz,
     OUT revision bigint)
-LANGUAGE plpgsql SECURITY DEFINER
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -499,6 +506,251 @@ BEGIN
        OR pg_try_advisory_xact_lock(hashtext('pglease.notify'), hashtext('@schema@')) THEN
         PERFORM pg_notify(left('pglease_@schema@', 63), '');
     END IF;
+END $$;
+
+-- The entry points claim, renew and release: one statement on the way that
+-- succeeds.
+--
+-- Each runs as one guarded UPDATE of the lease row, with the revision bump,
+-- the event and the wake-up election in the same statement (CTEs): each
+-- statement of a PL/pgSQL body pays an executor start and a snapshot, and
+-- that, not the work, was most of an operation's server time (bench/RESULTS.md,
+-- server cost). Everything else (bad arguments, an unknown resource, a lease
+-- that is not current, an expected revision, a takeover that must record the
+-- old holder's expiry first, a transaction that wrote before) goes to the
+-- cold functions above, which are the earlier bodies unchanged: the UPDATE
+-- changed nothing when it matched no row, so they judge from the start and
+-- word every refusal and error as before.
+--
+-- How the one statement keeps each guarantee:
+--  * queue lock before row lock: the UPDATE's WHERE takes the resource's
+--    queue lock (see _lock_lease) only when the committed row it is looking
+--    at would be changed (a CASE: evaluated in order, the lock last), so a
+--    refusal waits for nobody, and a write queues before heap_update locks
+--    the row and assigns the transaction id. If the row changed meanwhile,
+--    READ COMMITTED re-judges the newest version (the WHERE again, the lock
+--    then re-entrant).
+--  * database clock: `now` is read in the SET list, after the WHERE (and so
+--    after any wait for the queue lock), once per statement (an InitPlan),
+--    as v_now was; expiry conditions that only become true as time passes
+--    (claim's) are judged on the same row before the wait, and the one that
+--    becomes false (renew's "not expired") after it.
+--  * order guard: run only when the transaction had no id before the
+--    statement. Its id is then assigned in the UPDATE, after the queue lock,
+--    so after the previous writer of the resource committed: the previous
+--    revision's xid is smaller and the guard could not fire. A transaction
+--    that already has an id takes the cold way, which checks it.
+--  * inputs: a resource id, owner, generation or token that equals the lease
+--    row's is one of the row's own, written by a checked claim; only what
+--    the row does not vouch for (claim's owner and token, the TTL) is
+--    checked in the statement, as a condition that makes it match nothing.
+--    The cold functions then raise the first error as before.
+CREATE OR REPLACE FUNCTION @schema@.claim(
+    p_resource text, p_owner_type text, p_owner_id text, p_token_sha256 bytea,
+    p_ttl double precision, p_expected_revision bigint, p_now timestamptz,
+    OUT claimed boolean, OUT generation bigint, OUT expires_at timestamptz,
+    OUT revision bigint, OUT holder_type text, OUT holder_id text)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_woke boolean;
+BEGIN
+    IF p_expected_revision IS NULL AND pg_current_xact_id_if_assigned() IS NULL THEN
+        -- A grant of a free lease or of one whose expiry is recorded; else
+        -- the refusal of a live (or revoked, see revoke_lease) lease read
+        -- from the committed row without a lock, as the cold way refuses it.
+        WITH g AS (
+            UPDATE @schema@.leases x
+               SET generation = x.generation + 1, owner_type = p_owner_type,
+                   owner_id = p_owner_id, token_sha256 = p_token_sha256,
+                   -- (The CASE keeps a custom plan from folding a bad TTL
+                   -- into an error before the WHERE has refused it.)
+                   (acquired_at, heartbeat_at, expires_at) = (
+                       SELECT n.t, n.t,
+                              n.t + make_interval(secs => CASE WHEN p_ttl BETWEEN 0.001
+                                                               AND 604800 THEN p_ttl END)
+                         FROM (SELECT CASE WHEN p_now IS NULL THEN clock_timestamp()
+                                           ELSE @schema@._clock_now(p_now) END AS t) n)
+             WHERE x.resource_id = p_resource
+               AND CASE WHEN p_owner_type IS NULL OR p_owner_type !~ '^[a-z][a-z0-9_]{0,62}$'
+                              OR p_owner_id IS NULL OR p_owner_id = ''
+                              OR octet_length(p_owner_id) > 256
+                              OR p_ttl IS NULL OR NOT (p_ttl BETWEEN 0.001 AND 604800)
+                              OR p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32
+                        THEN false
+                        WHEN (x.owner_id IS NULL
+                              OR (x.expires_at <= CASE WHEN p_now IS NULL THEN clock_timestamp()
+                                                       ELSE @schema@._clock_now(p_now) END
+                                  AND x.expired_generation IS NOT DISTINCT FROM x.generation))
+                             AND (x.revoked_until IS NULL
+                                  OR x.revoked_until <= CASE WHEN p_now IS NULL
+                                                             THEN clock_timestamp()
+                                                             ELSE @schema@._clock_now(p_now) END)
+                        THEN pg_advisory_xact_lock(
+                                 hashtextextended(p_resource, hashtext('@schema@'))) IS NOT NULL
+                        ELSE false END
+            RETURNING x.generation, x.expires_at, x.acquired_at),
+        r AS (
+            UPDATE @schema@.resources x SET revision = x.revision + 1, updated_at = g.acquired_at
+              FROM g WHERE x.id = p_resource
+            RETURNING x.revision),
+        e AS (
+            INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                         lease_generation, lease_expires_at, created_at)
+            SELECT p_resource, r.revision, 'lease.claimed', p_owner_type, p_owner_id,
+                   g.generation, g.expires_at, g.acquired_at FROM g, r
+            RETURNING events.revision)
+        -- The wake-up election of _bump, after the event row: K2 shared
+        -- first, then K1; a writer that cannot get K2 notifies itself.
+        SELECT true, g.generation, g.expires_at, e.revision, p_owner_type, p_owner_id,
+               CASE WHEN NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'),
+                                                              hashtext('@schema@'))
+                    THEN pg_notify(left('pglease_@schema@', 63), '') IS NOT NULL
+                    WHEN pg_try_advisory_xact_lock(hashtext('pglease.notify'),
+                                                   hashtext('@schema@'))
+                    THEN pg_notify(left('pglease_@schema@', 63), '') IS NOT NULL
+                    ELSE false END
+          FROM g, e
+        UNION ALL
+        SELECT false, l.generation,
+               CASE WHEN l.owner_id IS NULL THEN l.revoked_until ELSE l.expires_at END,
+               s.revision, l.owner_type, l.owner_id, false
+          FROM @schema@.leases l JOIN @schema@.resources s ON s.id = l.resource_id
+         WHERE NOT EXISTS (SELECT FROM g) AND l.resource_id = p_resource
+           AND p_owner_type ~ '^[a-z][a-z0-9_]{0,62}$'
+           AND p_owner_id <> '' AND octet_length(p_owner_id) <= 256
+           AND p_ttl BETWEEN 0.001 AND 604800 AND octet_length(p_token_sha256) = 32
+           AND ((l.owner_id IS NOT NULL
+                 AND l.expires_at > CASE WHEN p_now IS NULL THEN clock_timestamp()
+                                         ELSE @schema@._clock_now(p_now) END)
+                OR l.revoked_until > CASE WHEN p_now IS NULL THEN clock_timestamp()
+                                          ELSE @schema@._clock_now(p_now) END)
+          INTO claimed, generation, expires_at, revision, holder_type, holder_id, v_woke;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    SELECT c.claimed, c.generation, c.expires_at, c.revision, c.holder_type, c.holder_id
+      INTO claimed, generation, expires_at, revision, holder_type, holder_id
+      FROM @schema@._claim_cold(p_resource, p_owner_type, p_owner_id, p_token_sha256, p_ttl,
+                                p_expected_revision, p_now) c;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@.renew(
+    p_resource text, p_owner_type text, p_owner_id text, p_generation bigint,
+    p_token_sha256 bytea, p_ttl double precision, p_expected_revision bigint,
+    p_now timestamptz, OUT expires_at timestamptz, OUT revision bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_woke boolean;
+BEGIN
+    IF p_expected_revision IS NULL AND pg_current_xact_id_if_assigned() IS NULL THEN
+        WITH g AS (
+            UPDATE @schema@.leases x
+               SET (heartbeat_at, expires_at) = (
+                       SELECT n.t,
+                              n.t + make_interval(secs => CASE WHEN p_ttl BETWEEN 0.001
+                                                               AND 604800 THEN p_ttl END)
+                         FROM (SELECT CASE WHEN p_now IS NULL THEN clock_timestamp()
+                                           ELSE @schema@._clock_now(p_now) END AS t) n)
+             WHERE x.resource_id = p_resource
+               AND CASE WHEN p_ttl IS NULL OR NOT (p_ttl BETWEEN 0.001 AND 604800) THEN false
+                        WHEN x.owner_id = p_owner_id AND x.owner_type = p_owner_type
+                             AND x.generation = p_generation
+                             AND x.token_sha256 = p_token_sha256
+                        THEN CASE WHEN pg_advisory_xact_lock(
+                                      hashtextextended(p_resource, hashtext('@schema@')))
+                                      IS NOT NULL
+                                  -- Judged after the queue wait: the lease may
+                                  -- have run out meanwhile.
+                                  THEN x.expires_at > CASE WHEN p_now IS NULL
+                                                           THEN clock_timestamp()
+                                                           ELSE @schema@._clock_now(p_now) END
+                                  END
+                        ELSE false END
+            RETURNING x.expires_at, x.heartbeat_at),
+        r AS (
+            UPDATE @schema@.resources x SET revision = x.revision + 1, updated_at = g.heartbeat_at
+              FROM g WHERE x.id = p_resource
+            RETURNING x.revision),
+        e AS (
+            INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                         lease_generation, lease_expires_at, created_at)
+            SELECT p_resource, r.revision, 'lease.renewed', p_owner_type, p_owner_id,
+                   p_generation, g.expires_at, g.heartbeat_at FROM g, r
+            RETURNING events.revision)
+        SELECT g.expires_at, e.revision,
+               CASE WHEN NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'),
+                                                              hashtext('@schema@'))
+                    THEN pg_notify(left('pglease_@schema@', 63), '') IS NOT NULL
+                    WHEN pg_try_advisory_xact_lock(hashtext('pglease.notify'),
+                                                   hashtext('@schema@'))
+                    THEN pg_notify(left('pglease_@schema@', 63), '') IS NOT NULL
+                    ELSE false END
+          FROM g, e
+          INTO expires_at, revision, v_woke;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    SELECT c.expires_at, c.revision INTO expires_at, revision
+      FROM @schema@._renew_cold(p_resource, p_owner_type, p_owner_id, p_generation,
+                                p_token_sha256, p_ttl, p_expected_revision, p_now) c;
+END $$;
+
+CREATE OR REPLACE FUNCTION @schema@.release(
+    p_resource text, p_owner_type text, p_owner_id text, p_generation bigint,
+    p_token_sha256 bytea, p_expected_revision bigint, p_now timestamptz,
+    OUT revision bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_woke boolean;
+BEGIN
+    IF p_expected_revision IS NULL AND pg_current_xact_id_if_assigned() IS NULL THEN
+        WITH g AS (
+            UPDATE @schema@.leases x
+               SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL, expires_at = NULL,
+                   heartbeat_at = CASE WHEN p_now IS NULL THEN clock_timestamp()
+                                       ELSE @schema@._clock_now(p_now) END
+             WHERE x.resource_id = p_resource
+               AND CASE WHEN x.owner_id = p_owner_id AND x.owner_type = p_owner_type
+                             AND x.generation = p_generation
+                             AND x.token_sha256 = p_token_sha256
+                        THEN pg_advisory_xact_lock(
+                                 hashtextextended(p_resource, hashtext('@schema@'))) IS NOT NULL
+                        ELSE false END
+            RETURNING x.heartbeat_at),
+        r AS (
+            UPDATE @schema@.resources x SET revision = x.revision + 1, updated_at = g.heartbeat_at
+              FROM g WHERE x.id = p_resource
+            RETURNING x.revision),
+        e AS (
+            INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                         lease_generation, lease_expires_at, created_at)
+            SELECT p_resource, r.revision, 'lease.released', p_owner_type, p_owner_id,
+                   p_generation, NULL::timestamptz, g.heartbeat_at FROM g, r
+            RETURNING events.revision)
+        SELECT e.revision,
+               CASE WHEN NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'),
+                                                              hashtext('@schema@'))
+                    THEN pg_notify(left('pglease_@schema@', 63), '') IS NOT NULL
+                    WHEN pg_try_advisory_xact_lock(hashtext('pglease.notify'),
+                                                   hashtext('@schema@'))
+                    THEN pg_notify(left('pglease_@schema@', 63), '') IS NOT NULL
+                    ELSE false END
+          FROM g, e
+          INTO revision, v_woke;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    revision := @schema@._release_cold(p_resource, p_owner_type, p_owner_id, p_generation,
+                                       p_token_sha256, p_expected_revision, p_now);
 END $$;
 
 -- Fence at commit (trigger events_fence_at_commit, sql/0011): the lease of a
