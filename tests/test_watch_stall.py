@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import signal
 import time
 from collections.abc import Callable
 
@@ -413,3 +415,51 @@ def test_stall_timeout_is_kept_and_accepted_on_sqlite(
         assert watcher.stall_timeout == 0.5
         assert watcher.get(timeout=0.05) is None
 
+
+
+# ------------------------------------------------------------------ a forked child
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_hears_silence_too(
+    stall_proxy: StallProxy, pg_store: PostgresStore, schema: str
+) -> None:
+    """The deadline's watchdog thread does not survive a fork: a child that
+    inherited a started one must get its own, or its deadlines never fire."""
+    request = ListenRequest(stall_proxy.dsn, schema, listen=False, pooler=False,
+                            stall_timeout=STALL)  # fmt: skip
+    warm = PgChangeListener(request)  # starts the watchdog thread in this process
+    warm.open()
+    warm.read_log(PageOp(warm.frontier(), END, PAGE))
+    warm.close()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        status = 1
+        try:
+            listener = PgChangeListener(request)
+            listener.open()
+            tip = listener.frontier()
+            os.write(ready_w, b"r")
+            try:
+                listener.read_log(PageOp(tip, END, PAGE))
+            except LogReadError as exc:
+                status = 0 if SILENCE in str(exc.__cause__) else 2
+        finally:
+            os._exit(status)
+    try:
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"r"
+        stall_proxy.pause()
+        deadline = time.monotonic() + NOTICE_WITHIN
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < deadline, "the child's read never ended"
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        pid = 0
+    finally:
+        stall_proxy.resume()
+        os.close(ready_r)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)

@@ -12,6 +12,7 @@ Asyncio arms one loop timer per call. The blocking store shares one daemon
 thread (`_Watchdog`) that sleeps until the earliest armed deadline; disarming
 happens before the call returns, under the watchdog's lock, so a socket is
 never shut down once its call has ended (its descriptor could be reused).
+A forked child starts a watchdog of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import os
 import socket
 import threading
 import time
@@ -105,6 +107,19 @@ class _Watchdog:
 
 
 _watchdog = _Watchdog()
+
+
+def _renew_after_fork() -> None:
+    # A thread does not survive a fork: a child that inherited a started
+    # watchdog (its thread gone, its lock perhaps held at the fork) would arm
+    # deadlines that never fire. The child gets a fresh one; its inherited
+    # deadlines belong to the parent's calls.
+    global _watchdog
+    _watchdog = _Watchdog()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_renew_after_fork)
 
 
 def arm(conn: psycopg.Connection[Any], seconds: float | None) -> Deadline | None:
