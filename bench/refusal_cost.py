@@ -8,8 +8,12 @@ any `--variant` (e.g. the functions of an older commit), interleaved ABBA,
 median of the rounds. The same throwaway server and schemas as
 `server_cost.py`; every lease is held by another owner for an hour first.
 
+With `--hot SECONDS`, also pgbench at `--clients` (8) on one held lease (the
+hot key), every call a refused claim, ABBA rounds of SECONDS each: tps and
+server CPU per call of each side.
+
     .venv/bin/python bench/refusal_cost.py [--calls 4000] [--rounds 4]
-        [--variant base=/tmp/base-tree/sql]
+        [--variant base=/tmp/base-tree/sql] [--hot 4 --clients 8]
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import argparse
 import hashlib
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -26,8 +32,19 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import server_cost
-from _server import machine_info, throwaway_server
-from server_cost import RESOURCES, RID, SCHEMA, SCRIPTS, backend_cpu, load, setup
+from _server import find_pgbench, machine_info, throwaway_server
+from server_cost import (
+    RESOURCES,
+    RID,
+    SCHEMA,
+    SCRIPTS,
+    TOKEN,
+    backend_cpu,
+    load,
+    postmaster_pid,
+    server_cpu,
+    setup,
+)
 
 
 def hold_everything(dsn: str, schemas: list[str]) -> None:
@@ -108,6 +125,58 @@ def measure(dsn: str, calls: int, rounds: int) -> None:
         )
 
 
+def _hot_script(side: str) -> str:
+    """One refused claim of key 1 (held by another owner)."""
+    rid = RID.replace(":k", "1")
+    if side == "raw":
+        return (
+            "UPDATE raw.leases SET holder = 'pgbench', token = :tok, generation = generation + 1,"
+            " expires_at = clock_timestamp() + interval '30 s'"
+            f" WHERE id = {rid} AND (expires_at IS NULL OR expires_at <= clock_timestamp())\n"
+        )
+    schema = SCHEMA if side == "ours" else side
+    return (
+        f"SELECT claimed FROM {schema}.claim({rid}, 'bench', 'pgbench', :tok, 30::float8,"
+        " NULL::bigint, NULL::timestamptz)\n"
+    )
+
+
+def hot(dsn: str, clients: int, seconds: int, rounds: int) -> None:
+    """pgbench of refused claims on one hot key, sides interleaved ABBA."""
+    pgbench = find_pgbench()
+    sides = list(SCRIPTS)
+    tps: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
+    postmaster = postmaster_pid(dsn)
+    for i in range(rounds):
+        for side in sides if i % 2 == 0 else reversed(sides):
+            with tempfile.NamedTemporaryFile("w", suffix=".sql") as f:
+                f.write(_hot_script(side))
+                f.flush()
+                cmd = [
+                    pgbench, "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
+                    "-T", str(seconds), "-D", f"tok={TOKEN}", "-f", f.name, dsn,
+                ]  # fmt: skip
+                before, idle = server_cpu(postmaster)
+                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                used = server_cpu(postmaster, idle)[0] - before
+            found = re.search(r"tps = ([0-9.]+) \(without initial", proc.stdout)
+            done = re.search(r"actually processed: (\d+)", proc.stdout)
+            if proc.returncode != 0 or not found or not done:
+                raise SystemExit(f"pgbench failed ({side}):\n{proc.stdout}\n{proc.stderr}")
+            tps[side].append(float(found[1]))
+            cpu[side].append(1e6 * used / max(int(done[1]), 1))
+    raw = statistics.median(tps["raw"])
+    print(f"hot key, {clients} clients, every claim refused, {rounds} rounds of {seconds} s:")
+    for side in sides:
+        med = statistics.median(tps[side])
+        spread = ",".join(f"{x:.0f}" for x in tps[side])
+        print(
+            f"  {side:<10} {med:9.0f} tps  this/raw {med / raw:5.2f}"
+            f"  server CPU {statistics.median(cpu[side]):6.1f} us/call  ({spread})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=4000)
@@ -119,6 +188,8 @@ def main() -> None:
         metavar="NAME=SQLDIR",
         help="also run the functions of another sql/ directory in schema NAME",
     )
+    parser.add_argument("--hot", type=int, metavar="SECONDS", help="also pgbench the hot key")
+    parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
     variants = {}
     for spec in args.variant:
@@ -133,6 +204,8 @@ def main() -> None:
             version = conn.execute("SHOW server_version").fetchone()
         print(f"server {version[0] if version else '?'}; {machine_info()}; load {load()}")
         measure(dsn, args.calls, args.rounds)
+        if args.hot:
+            hot(dsn, args.clients, args.hot, args.rounds)
         print(f"load at the end {load()}")
 
 
