@@ -182,13 +182,19 @@ class Watcher(WatcherBase):
             if left is not None and left <= 0:
                 return None
             if state.catching_up:
+                # A failed read's retry delay is kept across calls, so that it
+                # never makes this call outlive its timeout.
+                pause = self._retry_at - time.monotonic()
+                if pause > 0:
+                    pause = pause if left is None else min(pause, left)
+                    time.sleep(pause)
+                    continue
                 try:
                     page = self._reader.read_log(self._page_op(state))
                 except LogReadError as exc:
                     # The server is away (restart), or worse: retry (the
                     # position is unchanged) or raise, as `_read_failed` says.
-                    delay = self._read_failed(state, exc)
-                    time.sleep(delay)
+                    self._retry_at = time.monotonic() + self._read_failed(state, exc)
                     continue
                 if self._trouble.failing_since is not None:
                     self._trouble.healed()

@@ -117,6 +117,8 @@ class WatcherBase:
         self._seen_hub: _hub.Hub | None = None
         self._closed = False
         self._trouble = Trouble(self._clock, self.retry_window, "pglease watcher catch-up read")
+        #: Monotonic time before which a failed catch-up read is not retried.
+        self._retry_at = 0.0
 
     def _health(self, lag_events: int) -> WatchHealth:
         hub = self._seen_hub
