@@ -94,6 +94,9 @@ HOLD_SLACK = 0.25
 BELIEF_SLACK = 0.05
 #: Seconds between a partition's heal and the next outage.
 OUTAGE_CLEARANCE = 3.0
+#: The soak watchers' stall_timeout: short, so a partition of a few seconds
+#: must show in their health (issue 31 item 7).
+WATCH_STALL = 1.0
 #: Errors whose message says nothing was committed: such a write must be absent.
 _NOTHING_COMMITTED = (LeaseLostError, StaleResourceError, LockTimeoutError, StatementTimeoutError)
 
@@ -395,7 +398,7 @@ class _Host:
         quiet_since: float | None = None
         while True:
             try:
-                watcher = store.watch(after=cursor, types=SOAK_TYPE)
+                watcher = store.watch(after=cursor, types=SOAK_TYPE, stall_timeout=WATCH_STALL)
             except (PgleaseError, psycopg.Error) as exc:
                 self.log("wfail", time.monotonic(), _outcome(exc), str(exc)[:200])
                 time.sleep(0.5)
@@ -834,7 +837,8 @@ def figures(settings: Settings, logs: list[list[list[Any]]], chaos: list[Partiti
         for p in outages
     ]  # fmt: skip
     f["partition_seconds"] = _spread([p.end - p.start for p in parts])
-    # How soon a watcher's health showed a partition longer than 3 s.
+    # How soon a watcher's health showed a partition longer than 3 s (its
+    # stall bound is min(interval, WATCH_STALL) + WATCH_STALL, under 3 s).
     seen, silent = [], 0
     for p in parts:
         if p.end - p.start < 3.0:
