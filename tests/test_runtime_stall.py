@@ -16,6 +16,7 @@ this change each of these calls waited for the whole stall.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ from pglease import (
     DatabaseUnavailableError,
     LeaseLostError,
     Owner,
+    PgleaseError,
     PostgresStore,
 )
 from pglease.runtime.acquire import LEAVE_LIMIT, STEP_GRACE
@@ -505,3 +507,60 @@ async def test_async_hold_waiting_for_another_keeper_connect_keeps_its_timeout(
             with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
                 await other
         assert took < 3 + STEP_GRACE + _SLACK, took
+
+
+def _failing(store: Any) -> bool:
+    pool = store._driver._pool
+    return bool(pool is not None and pool.failing)
+
+
+def test_sync_acquire_probe_of_a_failing_pool_keeps_its_timeout(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    # A pool that cannot connect makes a caller probe the server itself, within
+    # the store's connect_timeout: an acquire's time left bounds that probe.
+    owner = Owner("host", "a")
+    options = {**_options(schema), "connect_timeout": 6}
+    with PostgresStore(stall_proxy.dsn, **options) as store:
+        rid = store.ensure_resource("job", "down")
+        stall_proxy.pause()
+        stall_proxy.reset()  # every connection gone; new ones never answered
+        with _later(30, stall_proxy.resume):
+            trigger = threading.Thread(target=lambda: _quietly(store.get, rid), daemon=True)
+            trigger.start()
+            assert _wait_for(lambda: _failing(store), within=20)
+            started = time.monotonic()
+            with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
+                store.acquire("job", "down", owner, ttl=2, timeout=1, use_watcher=False)
+            took = time.monotonic() - started
+        trigger.join(30)
+        assert took < 1 + STEP_GRACE + _SLACK, took
+
+
+async def test_async_acquire_probe_of_a_failing_pool_keeps_its_timeout(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    owner = Owner("host", "a")
+    options = {**_options(schema), "connect_timeout": 6}
+    async with AsyncPostgresStore(stall_proxy.dsn, **options) as store:
+        rid = await store.ensure_resource("job", "down")
+        stall_proxy.pause()
+        stall_proxy.reset()
+        with _later(30, stall_proxy.resume):
+            trigger = asyncio.ensure_future(store.get(rid))
+            end = time.monotonic() + 20
+            while not _failing(store):
+                assert time.monotonic() < end, "the pool never failed"
+                await asyncio.sleep(0.1)
+            started = time.monotonic()
+            with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
+                await store.acquire("job", "down", owner, ttl=2, timeout=1, use_watcher=False)
+            took = time.monotonic() - started
+            with contextlib.suppress(PgleaseError):
+                await trigger
+        assert took < 1 + STEP_GRACE + _SLACK, took
+
+
+def _quietly(call: Callable[..., object], *args: Any) -> None:
+    with contextlib.suppress(PgleaseError):
+        call(*args)
