@@ -564,3 +564,44 @@ async def test_async_acquire_probe_of_a_failing_pool_keeps_its_timeout(
 def _quietly(call: Callable[..., object], *args: Any) -> None:
     with contextlib.suppress(PgleaseError):
         call(*args)
+
+
+#: A piece of the keeper line's session setup (`SESSION_SETUP`), sent right
+#: after its connect.
+_SETUP = b"SET plan_cache_mode = force_custom_plan"
+
+
+def test_sync_hold_keeper_setup_gets_what_its_connect_left(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    owner = Owner("host", "a")
+    with PostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        store.ensure_resource("job", "slow")
+        stall_proxy.hold_replies_after(_SETUP)  # its setup goes unanswered...
+        stall_proxy.pause()  # ...after a connect that took most of the limit
+        with _later(3.5, stall_proxy.resume), _later(_STALL + 6, stall_proxy.release_replies):
+            started = time.monotonic()
+            with (
+                pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)),
+                store.hold("job", "slow", owner, ttl=2, timeout=4),
+            ):
+                pytest.fail("a lease on a stalled path")
+            took = time.monotonic() - started
+        assert took < 4 + STEP_GRACE + _SLACK, took
+
+
+async def test_async_hold_keeper_setup_gets_what_its_connect_left(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    owner = Owner("host", "a")
+    async with AsyncPostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        await store.ensure_resource("job", "slow")
+        stall_proxy.hold_replies_after(_SETUP)
+        stall_proxy.pause()
+        with _later(3.5, stall_proxy.resume), _later(_STALL + 6, stall_proxy.release_replies):
+            started = time.monotonic()
+            with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
+                async with store.hold("job", "slow", owner, ttl=2, timeout=4):
+                    pytest.fail("a lease on a stalled path")
+            took = time.monotonic() - started
+        assert took < 4 + STEP_GRACE + _SLACK, took

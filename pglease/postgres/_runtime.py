@@ -53,6 +53,10 @@ from ._runtime_core import (
 )
 from ._stall import arm
 
+#: The least a keeper line's setup round trip is given after a slow connect
+#: (seconds): an answer on its way still counts, a silent path is cut at once.
+_SETUP_FLOOR = 0.05
+
 
 def _still_connecting(limit: float) -> DatabaseUnavailableError:
     return DatabaseUnavailableError(
@@ -119,14 +123,17 @@ class PgHeartbeatChannel:
         `exact`: the limit is a caller's, not the line's own connect_timeout."""
         if self._conn is None or self._conn.closed:
             self._conn = None
+            began = time.monotonic()
             try:
                 kwargs = _connect_kwargs(limit, self._schema, self._pooler)
                 conn = psycopg.connect(self._dsn, **kwargs)
             except psycopg.Error as exc:
                 self._failed(exc)
                 _raise(_connect_error(exc, self._dsn), exc)
-            # The setup is a round trip too: bounded like the connect.
-            deadline = arm(conn, limit)
+            # The setup is a round trip too: bounded by what the connect left of
+            # the limit (a caller's limit is for both together).
+            rest = (limit if exact else limit + 1) - (time.monotonic() - began)
+            deadline = arm(conn, max(rest, _SETUP_FLOOR))
             try:
                 if not self._pooler:
                     conn.execute(SESSION_SETUP)

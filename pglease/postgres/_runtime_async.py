@@ -55,6 +55,11 @@ from ._stall import arm_async
 # sync: import threading
 
 
+#: The least a keeper line's setup round trip is given after a slow connect
+#: (seconds): an answer on its way still counts, a silent path is cut at once.
+_SETUP_FLOOR = 0.05
+
+
 def _still_connecting(limit: float) -> DatabaseUnavailableError:
     return DatabaseUnavailableError(
         f"{_CONNECT_FAILED}: another attempt to connect was still running after {limit:g} s"
@@ -126,6 +131,7 @@ class AsyncPgHeartbeatChannel:
         `exact`: the limit is a caller's, not the line's own connect_timeout."""
         if self._conn is None or self._conn.closed:
             self._conn = None
+            began = time.monotonic()
             try:
                 kwargs = _connect_kwargs(limit, self._schema, self._pooler)
                 # async-only: begin
@@ -144,8 +150,10 @@ class AsyncPgHeartbeatChannel:
                     f"{_CONNECT_FAILED}: no answer within {limit:g} s"
                 ) from exc
             # async-only: end
-            # The setup is a round trip too: bounded like the connect.
-            deadline = arm_async(conn, limit)
+            # The setup is a round trip too: bounded by what the connect left of
+            # the limit (a caller's limit is for both together).
+            rest = (limit if exact else limit + 1) - (time.monotonic() - began)
+            deadline = arm_async(conn, max(rest, _SETUP_FLOOR))
             try:
                 if not self._pooler:
                     await conn.execute(SESSION_SETUP)
