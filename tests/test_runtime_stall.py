@@ -16,6 +16,7 @@ this change each of these calls waited for the whole stall.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,8 +31,10 @@ from pglease import (
     AsyncPostgresStore,
     Claim,
     CommitOutcomeUnknownError,
+    DatabaseUnavailableError,
     LeaseLostError,
     Owner,
+    PgleaseError,
     PostgresStore,
 )
 from pglease.runtime.acquire import LEAVE_LIMIT, STEP_GRACE
@@ -375,3 +378,230 @@ async def test_async_hold_does_not_wait_out_its_keepers_reconnect_on_a_stalled_p
                             pytest.fail("a lease on a stalled path")
                     took = time.monotonic() - started
         assert took < 1 + STEP_GRACE + _SLACK, took
+
+
+# ------------------------------------- one bound per step, whatever it waits on
+#
+# From a stall soak: a step that first waited (for a pooled connection, for
+# another caller's keeper connect) then got the whole of its limit again for
+# its round trip or its own connect, so a hold with timeout 3 took 5.5-7.5 s.
+
+
+def test_sync_hold_checkout_wait_counts_against_the_step(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    owner = Owner("host", "a")
+    options = {**_options(schema), "max_size": 1}
+    with PostgresStore(stall_proxy.dsn, **options) as store:
+        with store.hold("job", "busy-pool", owner, ttl=2):
+            pass  # a warm host: the keeper's line and the pool's one connection open
+        taken, give_back = threading.Event(), threading.Event()
+
+        def borrow() -> None:
+            with store._driver.connection():  # the pool's only connection, for a while
+                taken.set()
+                give_back.wait(15)
+
+        borrower = threading.Thread(target=borrow, daemon=True)
+        borrower.start()
+        assert taken.wait(10)
+        stall_proxy.pause()
+        try:
+            with _later(3.8, give_back.set), _later(_STALL + 4, stall_proxy.resume):
+                started = time.monotonic()
+                with (
+                    pytest.raises(AcquireTimeoutError, match="within 3s"),
+                    store.hold("job", "busy-pool", owner, ttl=2, timeout=3),
+                ):
+                    pytest.fail("a lease on a stalled path")
+                took = time.monotonic() - started
+        finally:
+            give_back.set()
+            borrower.join(15)
+        assert took < 3 + STEP_GRACE + _SLACK, took
+
+
+async def test_async_hold_checkout_wait_counts_against_the_step(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    owner = Owner("host", "a")
+    options = {**_options(schema), "max_size": 1}
+    async with AsyncPostgresStore(stall_proxy.dsn, **options) as store:
+        async with store.hold("job", "busy-pool", owner, ttl=2):
+            pass
+        taken, give_back = asyncio.Event(), asyncio.Event()
+
+        async def borrow() -> None:
+            async with store._driver.connection():
+                taken.set()
+                await give_back.wait()
+
+        borrower = asyncio.ensure_future(borrow())
+        await asyncio.wait_for(taken.wait(), 10)
+        stall_proxy.pause()
+        asyncio.get_running_loop().call_later(3.8, give_back.set)
+        try:
+            with _later(_STALL + 4, stall_proxy.resume):
+                started = time.monotonic()
+                with pytest.raises(AcquireTimeoutError, match="within 3s"):
+                    async with store.hold("job", "busy-pool", owner, ttl=2, timeout=3):
+                        pytest.fail("a lease on a stalled path")
+                took = time.monotonic() - started
+        finally:
+            give_back.set()
+            await borrower
+        assert took < 3 + STEP_GRACE + _SLACK, took
+
+
+def test_sync_hold_waiting_for_another_keeper_connect_keeps_its_timeout(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    first, second = Owner("host", "a"), Owner("host", "b")
+    with PostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        store.ensure_resource("job", "cold")
+        stall_proxy.pause()  # the keeper has no line yet: each connect stalls
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                with store.hold("job", "cold", first, ttl=2, timeout=3):
+                    pass
+            except BaseException as exc:
+                errors.append(exc)
+
+        with _later(_STALL + 4, stall_proxy.resume):
+            thread = threading.Thread(target=other, daemon=True)
+            thread.start()
+            time.sleep(0.5)  # the other hold is connecting the keeper
+            started = time.monotonic()
+            with (
+                pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)),
+                store.hold("job", "cold", second, ttl=2, timeout=3),
+            ):
+                pytest.fail("a lease on a stalled path")
+            took = time.monotonic() - started
+            thread.join(15)
+        assert took < 3 + STEP_GRACE + _SLACK, took
+        assert errors and isinstance(errors[0], (AcquireTimeoutError, DatabaseUnavailableError))
+
+
+async def test_async_hold_waiting_for_another_keeper_connect_keeps_its_timeout(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    first, second = Owner("host", "a"), Owner("host", "b")
+    async with AsyncPostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        await store.ensure_resource("job", "cold")
+        stall_proxy.pause()
+
+        async def hold(owner: Owner) -> None:
+            async with store.hold("job", "cold", owner, ttl=2, timeout=3):
+                pytest.fail("a lease on a stalled path")
+
+        with _later(_STALL + 4, stall_proxy.resume):
+            other = asyncio.ensure_future(hold(first))
+            await asyncio.sleep(0.5)
+            started = time.monotonic()
+            with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
+                await hold(second)
+            took = time.monotonic() - started
+            with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
+                await other
+        assert took < 3 + STEP_GRACE + _SLACK, took
+
+
+def _failing(store: Any) -> bool:
+    pool = store._driver._pool
+    return bool(pool is not None and pool.failing)
+
+
+def test_sync_acquire_probe_of_a_failing_pool_keeps_its_timeout(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    # A pool that cannot connect makes a caller probe the server itself, within
+    # the store's connect_timeout: an acquire's time left bounds that probe.
+    owner = Owner("host", "a")
+    options = {**_options(schema), "connect_timeout": 6}
+    with PostgresStore(stall_proxy.dsn, **options) as store:
+        rid = store.ensure_resource("job", "down")
+        stall_proxy.pause()
+        stall_proxy.reset()  # every connection gone; new ones never answered
+        with _later(30, stall_proxy.resume):
+            trigger = threading.Thread(target=lambda: _quietly(store.get, rid), daemon=True)
+            trigger.start()
+            assert _wait_for(lambda: _failing(store), within=20)
+            started = time.monotonic()
+            with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
+                store.acquire("job", "down", owner, ttl=2, timeout=1, use_watcher=False)
+            took = time.monotonic() - started
+        trigger.join(30)
+        assert took < 1 + STEP_GRACE + _SLACK, took
+
+
+async def test_async_acquire_probe_of_a_failing_pool_keeps_its_timeout(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    owner = Owner("host", "a")
+    options = {**_options(schema), "connect_timeout": 6}
+    async with AsyncPostgresStore(stall_proxy.dsn, **options) as store:
+        rid = await store.ensure_resource("job", "down")
+        stall_proxy.pause()
+        stall_proxy.reset()
+        with _later(30, stall_proxy.resume):
+            trigger = asyncio.ensure_future(store.get(rid))
+            end = time.monotonic() + 20
+            while not _failing(store):
+                assert time.monotonic() < end, "the pool never failed"
+                await asyncio.sleep(0.1)
+            started = time.monotonic()
+            with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
+                await store.acquire("job", "down", owner, ttl=2, timeout=1, use_watcher=False)
+            took = time.monotonic() - started
+            with contextlib.suppress(PgleaseError):
+                await trigger
+        assert took < 1 + STEP_GRACE + _SLACK, took
+
+
+def _quietly(call: Callable[..., object], *args: Any) -> None:
+    with contextlib.suppress(PgleaseError):
+        call(*args)
+
+
+#: A piece of the keeper line's session setup (`SESSION_SETUP`), sent right
+#: after its connect.
+_SETUP = b"SET plan_cache_mode = force_custom_plan"
+
+
+def test_sync_hold_keeper_setup_gets_what_its_connect_left(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    owner = Owner("host", "a")
+    with PostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        store.ensure_resource("job", "slow")
+        stall_proxy.hold_replies_after(_SETUP)  # its setup goes unanswered...
+        stall_proxy.pause()  # ...after a connect that took most of the limit
+        with _later(3.5, stall_proxy.resume), _later(_STALL + 6, stall_proxy.release_replies):
+            started = time.monotonic()
+            with (
+                pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)),
+                store.hold("job", "slow", owner, ttl=2, timeout=4),
+            ):
+                pytest.fail("a lease on a stalled path")
+            took = time.monotonic() - started
+        assert took < 4 + STEP_GRACE + _SLACK, took
+
+
+async def test_async_hold_keeper_setup_gets_what_its_connect_left(
+    stall_proxy: StallProxy, schema: str
+) -> None:
+    owner = Owner("host", "a")
+    async with AsyncPostgresStore(stall_proxy.dsn, **_options(schema)) as store:
+        await store.ensure_resource("job", "slow")
+        stall_proxy.hold_replies_after(_SETUP)
+        stall_proxy.pause()
+        with _later(3.5, stall_proxy.resume), _later(_STALL + 6, stall_proxy.release_replies):
+            started = time.monotonic()
+            with pytest.raises((AcquireTimeoutError, DatabaseUnavailableError)):
+                async with store.hold("job", "slow", owner, ttl=2, timeout=4):
+                    pytest.fail("a lease on a stalled path")
+            took = time.monotonic() - started
+        assert took < 4 + STEP_GRACE + _SLACK, took

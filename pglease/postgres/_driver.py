@@ -160,13 +160,15 @@ class PgDriver:
         self._pool = pool
         self._conns = ConnectionStack(pool, self._probe)
 
-    def _probe(self) -> None:
+    def _probe(self, timeout: float | None = None) -> None:
         """Connect once, directly, within connect_timeout (`AsyncConnectionStack`
         runs this instead of waiting for a pool that fails to connect): the
-        refused or timed-out connection's OperationalError, else nothing."""
+        refused or timed-out connection's OperationalError, else nothing.
+        `timeout`: the caller's time left, when shorter (libpq waits 2 s at least)."""
+        limit = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
         conn = psycopg.Connection.connect(
             self.dsn,
-            connect_timeout=math.ceil(self._connect_timeout),
+            connect_timeout=max(1, math.ceil(limit)),
             **_core.connect_kwargs(self.schema, self.pooler),
         )
         conn.close()

@@ -160,15 +160,28 @@ class AsyncPgDriver:
         self._pool = pool
         self._conns = AsyncConnectionStack(pool, self._probe)
 
-    async def _probe(self) -> None:
+    async def _probe(self, timeout: float | None = None) -> None:
         """Connect once, directly, within connect_timeout (`AsyncConnectionStack`
         runs this instead of waiting for a pool that fails to connect): the
-        refused or timed-out connection's OperationalError, else nothing."""
-        conn = await psycopg.AsyncConnection.connect(
-            self.dsn,
-            connect_timeout=math.ceil(self._connect_timeout),
-            **_core.connect_kwargs(self.schema, self.pooler),
-        )
+        refused or timed-out connection's OperationalError, else nothing.
+        `timeout`: the caller's time left, when shorter (libpq waits 2 s at least)."""
+        limit = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
+        # async-only: begin
+        try:
+            async with asyncio.timeout(limit):
+                conn = await psycopg.AsyncConnection.connect(
+                    self.dsn,
+                    connect_timeout=max(1, math.ceil(limit)),
+                    **_core.connect_kwargs(self.schema, self.pooler),
+                )
+        except TimeoutError:
+            raise psycopg.errors.ConnectionTimeout("connection timeout expired") from None
+        # async-only: end
+        # sync: conn = psycopg.Connection.connect(
+        # sync:     self.dsn,
+        # sync:     connect_timeout=max(1, math.ceil(limit)),
+        # sync:     **_core.connect_kwargs(self.schema, self.pooler),
+        # sync: )
         await conn.close()
 
     async def _configure(self, conn: AsyncConn) -> None:

@@ -162,7 +162,7 @@ class ConnectionStack:
     def __init__(
         self,
         pool: ConnectionPool[psycopg.Connection[Any]],
-        probe: Callable[[], None] | None = None,
+        probe: Callable[[float], None] | None = None,
     ) -> None:
         """`probe`: connect once to the server, directly, and raise its
         OperationalError when it cannot; run instead of waiting for a
@@ -186,11 +186,14 @@ class ConnectionStack:
         """
         with self._lock:  # the common case: a kept connection, without a ticket
             conn = self._idle.pop() if self._idle else None
+        # One bound for the whole checkout, however many dead ones it drops.
+        until = None if timeout is None else time.monotonic() + timeout
         # Every dead one is dropped, so the stack and the pool run out of them;
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
             if conn is None:
-                conn = self._next(timeout)
+                left = None if until is None else max(0.0, until - time.monotonic())
+                conn = self._next(left)
             if alive(conn):
                 return conn
             discard(conn)
@@ -229,10 +232,12 @@ class ConnectionStack:
         deadline = time.monotonic() + wait
         probed = 0
         while True:
-            if pool.failing and pool.failures != probed:
-                probed = pool.failures
-                self._probe()
             remaining = deadline - time.monotonic()
+            if pool.failing and pool.failures != probed and remaining > 0:
+                probed = pool.failures
+                # Within what the caller has left (an acquire's timeout).
+                self._probe(remaining)
+                remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PoolTimeout(f"couldn't get a connection after {wait:.2f} sec")
             try:

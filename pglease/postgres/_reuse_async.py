@@ -164,7 +164,7 @@ class AsyncConnectionStack:
     def __init__(
         self,
         pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
-        probe: Callable[[], Awaitable[None]] | None = None,
+        probe: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         """`probe`: connect once to the server, directly, and raise its
         OperationalError when it cannot; run instead of waiting for a
@@ -190,11 +190,14 @@ class AsyncConnectionStack:
         """
         with self._lock:  # the common case: a kept connection, without a ticket
             conn = self._idle.pop() if self._idle else None
+        # One bound for the whole checkout, however many dead ones it drops.
+        until = None if timeout is None else time.monotonic() + timeout
         # Every dead one is dropped, so the stack and the pool run out of them;
         # the bound only stops a server that kills each new connection at once.
         for _ in range(2 * self._pool.max_size + 2):
             if conn is None:
-                conn = await self._next(timeout)
+                left = None if until is None else max(0.0, until - time.monotonic())
+                conn = await self._next(left)
             if alive(conn):
                 if not fast:  # sync: -
                     unwatch(conn)  # sync: -
@@ -235,10 +238,12 @@ class AsyncConnectionStack:
         deadline = time.monotonic() + wait
         probed = 0
         while True:
-            if pool.failing and pool.failures != probed:
-                probed = pool.failures
-                await self._probe()
             remaining = deadline - time.monotonic()
+            if pool.failing and pool.failures != probed and remaining > 0:
+                probed = pool.failures
+                # Within what the caller has left (an acquire's timeout).
+                await self._probe(remaining)
+                remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PoolTimeout(f"couldn't get a connection after {wait:.2f} sec")
             try:

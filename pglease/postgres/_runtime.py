@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,11 +45,17 @@ from ._runtime_core import (
     _no_answer,
     _raise,
     _release_args,
+    _rest,
     _results,
     _stalled,
+    _until,
     log,
 )
 from ._stall import arm
+
+#: The least a keeper line's setup round trip is given after a slow connect
+#: (seconds): an answer on its way still counts, a silent path is cut at once.
+_SETUP_FLOOR = 0.05
 
 
 def _still_connecting(limit: float) -> DatabaseUnavailableError:
@@ -70,6 +77,14 @@ class PgHeartbeatChannel:
         # One opening at a time: `connect` runs in the holder's thread (task),
         # beats in the keeper's; `abort` (the watchdog's) never takes it.
         self._lock = threading.Lock()
+        #: Failed connects so far, and the last one's error (callers that waited
+        #: for that attempt take its answer: see `_connection`).
+        self._failures = 0
+        self._failure = ""
+
+    def _failed(self, exc: BaseException) -> None:
+        self._failures += 1
+        self._failure = str(exc) or type(exc).__name__
 
     def connect(self, timeout: float | None = None) -> None:
         self._connection(timeout)
@@ -80,9 +95,25 @@ class PgHeartbeatChannel:
         connect in progress: an acquire's time left)."""
         limit = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
         wait = -1.0 if timeout is None else limit  # -1: for as long as it takes
+        began = time.monotonic()
+        failures = self._failures
         if not self._lock.acquire(timeout=wait):
             raise _still_connecting(limit)
         try:
+            if timeout is not None and (self._conn is None or self._conn.closed):
+                # A caller's limit covers the wait for the lock too: what is left
+                # of it bounds the connect.
+                if self._failures != failures:
+                    # The attempt waited for just failed: another now would
+                    # double the caller's wait for the same answer.
+                    raise DatabaseUnavailableError(
+                        f"{_CONNECT_FAILED}: another attempt to connect failed meanwhile"
+                        f" ({self._failure})"
+                    )
+                left = limit - (time.monotonic() - began)
+                if left <= 0:
+                    raise _still_connecting(limit)
+                limit = left
             return self._open(limit, timeout is not None)
         finally:
             self._lock.release()
@@ -92,13 +123,17 @@ class PgHeartbeatChannel:
         `exact`: the limit is a caller's, not the line's own connect_timeout."""
         if self._conn is None or self._conn.closed:
             self._conn = None
+            began = time.monotonic()
             try:
                 kwargs = _connect_kwargs(limit, self._schema, self._pooler)
                 conn = psycopg.connect(self._dsn, **kwargs)
             except psycopg.Error as exc:
+                self._failed(exc)
                 _raise(_connect_error(exc, self._dsn), exc)
-            # The setup is a round trip too: bounded like the connect.
-            deadline = arm(conn, limit)
+            # The setup is a round trip too: bounded by what the connect left of
+            # the limit (a caller's limit is for both together).
+            rest = (limit if exact else limit + 1) - (time.monotonic() - began)
+            deadline = arm(conn, max(rest, _SETUP_FLOOR))
             try:
                 if not self._pooler:
                     conn.execute(SESSION_SETUP)
@@ -107,6 +142,7 @@ class PgHeartbeatChannel:
                 if deadline is not None:
                     deadline.cancel()  # before the socket goes with the connection
                 conn.close()
+                self._failed(exc)
                 _raise(_connect_error(_no_answer(exc, limit) if fired else exc, self._dsn), exc)
             finally:
                 if deadline is not None:
@@ -166,10 +202,11 @@ class PgRuntime:
         store = self._store
         args = [op.resource_type, op.key]
         limit = _limit(store, timeout)
+        until = _until(limit)  # the checkouts and round trips together
         for attempt in (1, 2):
             try:
-                with _borrow(store, limit) as conn:
-                    deadline = arm(conn, limit)
+                with _borrow(store, _rest(until, limit)) as conn:
+                    deadline = arm(conn, _rest(until, limit))
                     try:
                         if (bound := _core.pooler_local_limits(store)) is None:
                             row = conn.execute(self._q.ensure, args).fetchone()
@@ -198,11 +235,13 @@ class PgRuntime:
         store = self._store
         query, args = _claim_query(self._q, request)
         limit = _limit(store, timeout)
+        until = _until(limit)  # the checkout and the round trip together
         try:
             with _borrow(store, limit) as conn:
                 # No answer by the limit: the socket is shut down (`_stall`), and
-                # the claim's outcome is unknown (it may have committed).
-                deadline = arm(conn, limit)
+                # the claim's outcome is unknown (it may have committed). A
+                # checkout that used the whole limit sends nothing.
+                deadline = arm(conn, _rest(until, limit))
                 try:
                     if (bound := _core.pooler_local_limits(store)) is None:
                         row = conn.execute(query, args).fetchone()
@@ -250,9 +289,10 @@ class PgRuntime:
     def leave_queue(self, request: LeaveQueue, timeout: float | None = None) -> None:
         store = self._store
         limit = _limit(store, timeout)
+        until = _until(limit)  # the checkout and the round trip together
         try:
             with _borrow(store, limit) as conn:
-                deadline = arm(conn, limit)
+                deadline = arm(conn, _rest(until, limit))
                 try:
                     conn.execute(self._q.leave_queue, [request.waiter])
                 except psycopg.Error as exc:

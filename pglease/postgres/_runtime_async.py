@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,13 +44,20 @@ from ._runtime_core import (
     _no_answer,
     _raise,
     _release_args,
+    _rest,
     _results,
     _stalled,
+    _until,
     log,
 )
 from ._stall import arm_async
 
 # sync: import threading
+
+
+#: The least a keeper line's setup round trip is given after a slow connect
+#: (seconds): an answer on its way still counts, a silent path is cut at once.
+_SETUP_FLOOR = 0.05
 
 
 def _still_connecting(limit: float) -> DatabaseUnavailableError:
@@ -71,6 +79,14 @@ class AsyncPgHeartbeatChannel:
         # One opening at a time: `connect` runs in the holder's thread (task),
         # beats in the keeper's; `abort` (the watchdog's) never takes it.
         self._lock = asyncio.Lock()  # sync: self._lock = threading.Lock()
+        #: Failed connects so far, and the last one's error (callers that waited
+        #: for that attempt take its answer: see `_connection`).
+        self._failures = 0
+        self._failure = ""
+
+    def _failed(self, exc: BaseException) -> None:
+        self._failures += 1
+        self._failure = str(exc) or type(exc).__name__
 
     async def connect(self, timeout: float | None = None) -> None:
         await self._connection(timeout)
@@ -81,6 +97,8 @@ class AsyncPgHeartbeatChannel:
         connect in progress: an acquire's time left)."""
         limit = self._connect_timeout if timeout is None else min(timeout, self._connect_timeout)
         wait = -1.0 if timeout is None else limit  # -1: for as long as it takes
+        began = time.monotonic()
+        failures = self._failures
         # async-only: begin
         try:
             async with asyncio.timeout(None if wait < 0 else wait):
@@ -90,6 +108,20 @@ class AsyncPgHeartbeatChannel:
         # async-only: end
         # sync: if not self._lock.acquire(timeout=wait): raise _still_connecting(limit)
         try:
+            if timeout is not None and (self._conn is None or self._conn.closed):
+                # A caller's limit covers the wait for the lock too: what is left
+                # of it bounds the connect.
+                if self._failures != failures:
+                    # The attempt waited for just failed: another now would
+                    # double the caller's wait for the same answer.
+                    raise DatabaseUnavailableError(
+                        f"{_CONNECT_FAILED}: another attempt to connect failed meanwhile"
+                        f" ({self._failure})"
+                    )
+                left = limit - (time.monotonic() - began)
+                if left <= 0:
+                    raise _still_connecting(limit)
+                limit = left
             return await self._open(limit, timeout is not None)
         finally:
             self._lock.release()
@@ -99,6 +131,7 @@ class AsyncPgHeartbeatChannel:
         `exact`: the limit is a caller's, not the line's own connect_timeout."""
         if self._conn is None or self._conn.closed:
             self._conn = None
+            began = time.monotonic()
             try:
                 kwargs = _connect_kwargs(limit, self._schema, self._pooler)
                 # async-only: begin
@@ -108,15 +141,19 @@ class AsyncPgHeartbeatChannel:
                 # async-only: end
                 # sync: conn = psycopg.connect(self._dsn, **kwargs)
             except psycopg.Error as exc:
+                self._failed(exc)
                 _raise(_connect_error(exc, self._dsn), exc)
             # async-only: begin
             except TimeoutError as exc:
+                self._failed(exc)
                 raise DatabaseUnavailableError(
                     f"{_CONNECT_FAILED}: no answer within {limit:g} s"
                 ) from exc
             # async-only: end
-            # The setup is a round trip too: bounded like the connect.
-            deadline = arm_async(conn, limit)
+            # The setup is a round trip too: bounded by what the connect left of
+            # the limit (a caller's limit is for both together).
+            rest = (limit if exact else limit + 1) - (time.monotonic() - began)
+            deadline = arm_async(conn, max(rest, _SETUP_FLOOR))
             try:
                 if not self._pooler:
                     await conn.execute(SESSION_SETUP)
@@ -125,6 +162,7 @@ class AsyncPgHeartbeatChannel:
                 if deadline is not None:
                     deadline.cancel()  # before the socket goes with the connection
                 await conn.close()
+                self._failed(exc)
                 _raise(_connect_error(_no_answer(exc, limit) if fired else exc, self._dsn), exc)
             finally:
                 if deadline is not None:
@@ -184,10 +222,11 @@ class AsyncPgRuntime:
         store = self._store
         args = [op.resource_type, op.key]
         limit = _limit(store, timeout)
+        until = _until(limit)  # the checkouts and round trips together
         for attempt in (1, 2):
             try:
-                async with _borrow(store, limit) as conn:
-                    deadline = arm_async(conn, limit)
+                async with _borrow(store, _rest(until, limit)) as conn:
+                    deadline = arm_async(conn, _rest(until, limit))
                     try:
                         if (bound := _core.pooler_local_limits(store)) is None:
                             row = await (await conn.execute(self._q.ensure, args)).fetchone()
@@ -216,11 +255,13 @@ class AsyncPgRuntime:
         store = self._store
         query, args = _claim_query(self._q, request)
         limit = _limit(store, timeout)
+        until = _until(limit)  # the checkout and the round trip together
         try:
             async with _borrow(store, limit) as conn:
                 # No answer by the limit: the socket is shut down (`_stall`), and
-                # the claim's outcome is unknown (it may have committed).
-                deadline = arm_async(conn, limit)
+                # the claim's outcome is unknown (it may have committed). A
+                # checkout that used the whole limit sends nothing.
+                deadline = arm_async(conn, _rest(until, limit))
                 try:
                     if (bound := _core.pooler_local_limits(store)) is None:
                         row = await (await conn.execute(query, args)).fetchone()
@@ -268,9 +309,10 @@ class AsyncPgRuntime:
     async def leave_queue(self, request: LeaveQueue, timeout: float | None = None) -> None:
         store = self._store
         limit = _limit(store, timeout)
+        until = _until(limit)  # the checkout and the round trip together
         try:
             async with _borrow(store, limit) as conn:
-                deadline = arm_async(conn, limit)
+                deadline = arm_async(conn, _rest(until, limit))
                 try:
                     await conn.execute(self._q.leave_queue, [request.waiter])
                 except psycopg.Error as exc:

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import socket
+import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NoReturn
@@ -227,6 +228,27 @@ def _limit(store: object, timeout: float | None) -> float | None:
     if timeout is None:
         return own
     return timeout if own is None else min(own, timeout)
+
+
+def _until(limit: float | None) -> float | None:
+    """The real `time.monotonic()` instant a runtime call with `limit` must end
+    by: one bound for its checkout and its round trip together (a checkout that
+    took most of the limit leaves the statement only the rest)."""
+    return None if limit is None else time.monotonic() + limit
+
+
+def _rest(until: float | None, limit: float | None) -> float | None:
+    """What is left of a call's limit once its connection is checked out (see
+    `_until`); nothing left raises before anything is sent."""
+    if until is None:
+        return None
+    left = until - time.monotonic()
+    if left <= 0:
+        raise DatabaseUnavailableError(
+            f"no database connection became free within {limit:g} s (what the call had"
+            " left of its timeout); nothing was sent"
+        )
+    return left
 
 
 def _checkout_error(exc: psycopg.Error, store: Any, limit: float | None) -> PgleaseError:
