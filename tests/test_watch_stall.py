@@ -20,8 +20,11 @@ import asyncio
 import math
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -463,3 +466,56 @@ def test_a_forked_child_hears_silence_too(
         if pid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def test_cli_watch_exits_when_the_path_stays_silent_past_retry_window(
+    stall_proxy: StallProxy, pg_store: PostgresStore, schema: str
+) -> None:
+    """`pglease watch --stall-timeout --retry-window`: a watch whose path goes
+    silent exits with an error naming the silence (before the flags it waited
+    for the default 30 s window; a silent path without a stall timeout, forever)."""
+    rid = pg_store.ensure_resource("job", "cli-stall")
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "pglease", "--dsn", stall_proxy.dsn, "--schema", schema,
+         "watch", "--after", "start", "--stall-timeout", f"{STALL}s",
+         "--retry-window", f"{RETRY_WINDOW}s"],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert watch.stdout is not None
+        cycle(pg_store, rid)
+        first = watch.stdout.readline()  # the watch runs: it printed lease.claimed
+        assert "lease.claimed" in first, first
+        stall_proxy.pause()
+        started = time.monotonic()
+        code = watch.wait(timeout=DEADLINE)
+        assert time.monotonic() - started >= RETRY_WINDOW - 0.5  # not before the window
+        assert watch.stderr is not None
+        err = watch.stderr.read()
+        assert code == 1, err
+        assert SILENCE in err and "pglease: error:" in err, err
+    finally:
+        stall_proxy.resume()
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "wording"),
+    [
+        ("--stall-timeout", "0s", "--stall-timeout must be a number of seconds in (0, 3600]"),
+        ("--stall-timeout", "2h", "--stall-timeout must be a number of seconds in (0, 3600]"),
+        ("--retry-window", "0s", "--retry-window must be a number of seconds in (0, 86400]"),
+        ("--stall-timeout", "soon", "--stall-timeout"),
+    ],
+)
+def test_cli_watch_refuses_bad_bounds(flag: str, value: str, wording: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pglease", "--dsn", "host=/nonexistent dbname=x",
+         "watch", flag, value],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert wording in result.stderr, result.stderr

@@ -12,6 +12,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from .._watch_common import (
+    DEFAULT_RETRY_WINDOW,
+    DEFAULT_STALL_TIMEOUT,
+    check_retry_window,
+    check_stall_timeout,
+)
 from ..durations import duration_arg
 from ..errors import CursorExpiredError, ForeignCursorError, PgleaseError, ValidationError
 from ..types import Event, Owner
@@ -79,6 +85,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="poll instead of LISTEN (for PgBouncer transaction pooling)",
     )
     p.add_argument("--limit", type=int, default=None, metavar="N", help="exit after N events")
+    p.add_argument(
+        "--stall-timeout",
+        type=duration_arg("--stall-timeout", _stall_timeout),
+        default=DEFAULT_STALL_TIMEOUT,
+        metavar="DURATION",
+        help=f"a read unanswered this long counts as a failure and its connection is"
+        f" replaced (default {DEFAULT_STALL_TIMEOUT:g}s, at most 1h)",
+    )
+    p.add_argument(
+        "--retry-window",
+        type=duration_arg("--retry-window", _retry_window),
+        default=DEFAULT_RETRY_WINDOW,
+        metavar="DURATION",
+        help=f"exit with an error when reads keep failing this long"
+        f" (default {DEFAULT_RETRY_WINDOW:g}s)",
+    )
     p.set_defaults(func=cmd_watch)
 
     p = subparsers.add_parser(
@@ -147,6 +169,22 @@ def format_event(event: Event) -> str:
     )
 
 
+def _stall_timeout(seconds: float) -> float:
+    """--stall-timeout as the watcher checks it, worded as a usage error."""
+    try:
+        return check_stall_timeout(seconds)
+    except ValidationError as exc:
+        raise ValueError(str(exc).replace("stall_timeout", "--stall-timeout")) from None
+
+
+def _retry_window(seconds: float) -> float:
+    """--retry-window as the watcher checks it, worded as a usage error."""
+    try:
+        return check_retry_window(seconds)
+    except ValidationError as exc:
+        raise ValueError(str(exc).replace("retry_window", "--retry-window")) from None
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         return fail("--limit must be at least 1", EXIT_USAGE)
@@ -163,6 +201,7 @@ def _watch(args: argparse.Namespace) -> int:
             watcher = Watcher(
                 store, after=args.after, types=args.types, resources=args.resources,
                 event_types=args.event_types, mode="poll" if args.poll else None,
+                stall_timeout=args.stall_timeout, retry_window=args.retry_window,
             )  # fmt: skip
             count = 0
             try:
