@@ -49,6 +49,7 @@ from . import hold as hold_cli
 from .support import (
     EXIT_HELD,
     EXIT_OK,
+    bounded_write,
     connect_direct,
     dsn_source,
     fail,
@@ -276,7 +277,8 @@ def cmd_resign(args: argparse.Namespace) -> int:
         if not state.up_to_date:
             raise state.not_migrated_error("resign never migrates")
         try:
-            done = revoke_lease(conn, args.schema, rid)
+            with bounded_write(conn, "resign", rid):
+                done = revoke_lease(conn, args.schema, rid)
         except UnknownResourceError:
             raise UnknownResourceError(
                 f"unknown election {args.name} (nobody ever campaigned there)"

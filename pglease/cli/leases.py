@@ -16,6 +16,7 @@ from ..validation import check_optional_revision, check_ttl
 from .support import (
     EXIT_HELD,
     EXIT_OK,
+    bounded_write,
     connect_direct,
     dsn_source,
     note_embedded,
@@ -190,7 +191,8 @@ def cmd_revoke(args: argparse.Namespace) -> int:
         if not state.up_to_date:
             raise state.not_migrated_error("revoke never migrates")
         try:
-            done = revoke_lease(conn, args.schema, rid)
+            with bounded_write(conn, "revoke", rid):
+                done = revoke_lease(conn, args.schema, rid)
         except UnknownResourceError:
             raise UnknownResourceError(
                 f"unknown resource {args.type}/{args.key} (nothing was ever claimed there)"

@@ -19,17 +19,21 @@ import psycopg
 
 from ..dsn import resolve_dsn_source
 from ..errors import (
+    CommitOutcomeUnknownError,
     ConfigurationError,
     InvalidTokenError,
     LeaseLostError,
+    LockTimeoutError,
     PgleaseError,
     SchemaNotMigratedError,
     StaleResourceError,
+    StatementTimeoutError,
     UnknownResourceError,
     ValidationError,
 )
 from ..postgres import PostgresStore
-from ..postgres._core import pooler_mode, unavailable
+from ..postgres._core import CLIENT_GRACE, pooler_mode, unavailable
+from ..postgres._stall import arm
 from ..types import Owner
 from ..validation import check_schema_name, check_token
 
@@ -147,6 +151,59 @@ def connect_direct(args: argparse.Namespace) -> Iterator[psycopg.Connection[Any]
         raise unavailable(exc) from exc
     with conn:
         yield conn
+
+
+#: An owner's one-shot write (revoke, resign) waits at most this long for the
+#: lease row's lock: a fenced mutation in flight holds it until it commits,
+#: which the server bounds by that lease's expiry, possibly hours away.
+ADMIN_LOCK_TIMEOUT = 10.0
+#: ... and at most this long for the server's answer; the client gives up
+#: CLIENT_GRACE later on a path that went silent (a network stall, a hung server).
+ADMIN_STATEMENT_TIMEOUT = 30.0
+
+
+@contextlib.contextmanager
+def bounded_write(
+    conn: psycopg.Connection[Any], operation: str, resource_id: str
+) -> Iterator[None]:
+    """Run an owner's write on the autocommit `conn` in one transaction bounded on
+    both sides: by the server (lock_timeout, statement_timeout, transaction-local,
+    so a pooler's shared connection keeps its own) and by the client (the
+    connection's socket is shut down when no answer came within
+    ADMIN_STATEMENT_TIMEOUT + CLIENT_GRACE). Errors name `operation` and `resource_id`."""
+    what = f"{operation} {resource_id}"
+    deadline = arm(conn, ADMIN_STATEMENT_TIMEOUT + CLIENT_GRACE)
+    try:
+        with conn.transaction():
+            conn.execute(
+                f"SET LOCAL lock_timeout = '{ADMIN_LOCK_TIMEOUT:g}s';"
+                f" SET LOCAL statement_timeout = '{ADMIN_STATEMENT_TIMEOUT:g}s'"
+            )
+            yield
+    except (psycopg.Error, PgleaseError) as exc:
+        if deadline is not None and deadline.fired:
+            raise CommitOutcomeUnknownError(
+                f"{what}: no answer from the server within"
+                f" {deadline.seconds:g} s; the connection was closed, and whether the"
+                " write committed is unknown (check with `pglease get` or `events`)",
+                operation=operation,
+                resource_id=resource_id,
+            ) from exc
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            raise LockTimeoutError(
+                f"{what}: the lease row stayed locked for {ADMIN_LOCK_TIMEOUT:g} s (a write"
+                " in flight holds it until it commits); nothing changed: try again"
+            ) from exc
+        if isinstance(exc, psycopg.errors.QueryCanceled):
+            raise StatementTimeoutError(
+                f"{what}: cancelled after {ADMIN_STATEMENT_TIMEOUT:g} s; nothing changed"
+            ) from exc
+        if isinstance(exc, psycopg.OperationalError):
+            raise unavailable(exc) from exc
+        raise
+    finally:
+        if deadline is not None:
+            deadline.cancel()
 
 
 def read_token(token: str | None, token_file: str | None) -> str:
