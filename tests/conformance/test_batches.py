@@ -24,6 +24,7 @@ from pglease import (
 )
 
 from ..backends import Backend
+from .watching import drain, log_of, watcher
 
 A = Owner("host", "a")
 B = Owner("host", "b")
@@ -210,3 +211,22 @@ def test_batch_events_reach_the_log_and_generations_rise(backend: Backend) -> No
         mine = [e for e in events if e.resource_id == rid]
         assert [e.revision for e in mine] == list(range(1, 7))
         assert [e.type for e in mine] == ["lease.claimed", "lease.released"] * 3
+
+
+def test_watchers_see_every_batch_event_once_in_order(backend: Backend) -> None:
+    s = backend.store
+    r = ids(backend, 4, "w")
+    with watcher(backend) as w:
+        claims = s.claim_many(list(reversed(r)), A, 5)
+        assert all(c is not None for c in claims)
+        renewed = s.renew_many(claims, 5)  # type: ignore[arg-type]
+        assert all(isinstance(c, Claim) for c in renewed)
+        released = s.release_many(renewed)  # type: ignore[arg-type]
+        assert all(isinstance(x, int) for x in released)
+        expected = log_of(backend)
+        assert len(expected) == 12
+        got = drain(w, len(expected))
+        assert got == expected
+        for rid in r:
+            mine = [(e.type, e.revision) for e in got if e.resource_id == rid]
+            assert mine == [("lease.claimed", 1), ("lease.renewed", 2), ("lease.released", 3)]
