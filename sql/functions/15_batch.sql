@@ -130,6 +130,7 @@ SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_order integer[] := @schema@._batch_order('claim_many', p_resources);
     i integer;
+    c record;
 BEGIN
     IF cardinality(p_token_sha256s) IS DISTINCT FROM cardinality(p_resources) THEN
         RAISE EXCEPTION 'claim_many needs one token hash per resource' USING ERRCODE = 'PGL21';
@@ -145,10 +146,25 @@ BEGIN
         PERFORM pg_advisory_xact_lock(hashtextextended(p_resources[i], hashtext('@schema@')));
     END LOOP;
     FOREACH i IN ARRAY v_order LOOP
-        RETURN QUERY
-        SELECT i, c.claimed, c.generation, c.expires_at, c.revision, c.holder_type, c.holder_id
-          FROM @schema@.claim(p_resources[i], p_owner_type, p_owner_id, p_token_sha256s[i],
-                              p_ttl, NULL, p_now) c;
+        -- Once the transaction has an id, the entry point would only find
+        -- that out and go the cold way itself: go there directly (one entry
+        -- with SECURITY DEFINER and SET the less per item). Assignments, not
+        -- SELECTs: a call in an assignment skips the executor start.
+        IF pg_current_xact_id_if_assigned() IS NULL THEN
+            c := @schema@.claim(p_resources[i], p_owner_type, p_owner_id, p_token_sha256s[i],
+                                p_ttl, NULL, p_now);
+        ELSE
+            c := @schema@._claim_cold(p_resources[i], p_owner_type, p_owner_id,
+                                      p_token_sha256s[i], p_ttl, NULL, p_now);
+        END IF;
+        ord := i;
+        claimed := c.claimed;
+        generation := c.generation;
+        expires_at := c.expires_at;
+        revision := c.revision;
+        holder_type := c.holder_type;
+        holder_id := c.holder_id;
+        RETURN NEXT;
     END LOOP;
 END $$;
 
@@ -167,6 +183,7 @@ DECLARE
     v_order integer[] := @schema@._batch_order('renew_many', p_resources);
     v_sure boolean[];
     i integer;
+    c record;
 BEGIN
     PERFORM @schema@._check_batch_leases('renew_many', p_resources, p_owner_types, p_owner_ids,
                                          p_generations, p_token_sha256s);
@@ -191,16 +208,23 @@ BEGIN
         ord := i;
         error_code := NULL;
         error_message := NULL;
-        IF v_sure[i] THEN
-            SELECT c.expires_at, c.revision INTO expires_at, revision
-              FROM @schema@.renew(p_resources[i], p_owner_types[i], p_owner_ids[i],
-                                  p_generations[i], p_token_sha256s[i], p_ttl, NULL, p_now) c;
+        IF v_sure[i] AND pg_current_xact_id_if_assigned() IS NOT NULL THEN
+            -- The cold way directly, as in claim_many.
+            c := @schema@._renew_cold(p_resources[i], p_owner_types[i], p_owner_ids[i],
+                                      p_generations[i], p_token_sha256s[i], p_ttl, NULL, p_now);
+            expires_at := c.expires_at;
+            revision := c.revision;
+        ELSIF v_sure[i] THEN
+            c := @schema@.renew(p_resources[i], p_owner_types[i], p_owner_ids[i],
+                                p_generations[i], p_token_sha256s[i], p_ttl, NULL, p_now);
+            expires_at := c.expires_at;
+            revision := c.revision;
         ELSE
             BEGIN
-                SELECT c.expires_at, c.revision INTO expires_at, revision
-                  FROM @schema@.renew(p_resources[i], p_owner_types[i], p_owner_ids[i],
-                                      p_generations[i], p_token_sha256s[i], p_ttl, NULL,
-                                      p_now) c;
+                c := @schema@.renew(p_resources[i], p_owner_types[i], p_owner_ids[i],
+                                    p_generations[i], p_token_sha256s[i], p_ttl, NULL, p_now);
+                expires_at := c.expires_at;
+                revision := c.revision;
             EXCEPTION WHEN SQLSTATE 'PGL03' OR SQLSTATE 'PGL04' THEN
                 expires_at := NULL;
                 revision := NULL;
@@ -241,7 +265,12 @@ BEGIN
         ord := i;
         error_code := NULL;
         error_message := NULL;
-        IF v_sure[i] THEN
+        IF v_sure[i] AND pg_current_xact_id_if_assigned() IS NOT NULL THEN
+            -- The cold way directly, as in claim_many.
+            revision := @schema@._release_cold(p_resources[i], p_owner_types[i],
+                                               p_owner_ids[i], p_generations[i],
+                                               p_token_sha256s[i], NULL, p_now);
+        ELSIF v_sure[i] THEN
             revision := @schema@.release(p_resources[i], p_owner_types[i], p_owner_ids[i],
                                          p_generations[i], p_token_sha256s[i], NULL, p_now);
         ELSE
