@@ -201,3 +201,21 @@ async def test_async_release_many_stalled_is_outcome_unknown_within_the_deadline
         assert isinstance(error, BatchOutcomeUnknownError), error
         assert error.operation == "release_many" and error.resource_ids == tuple(rids)
         assert isinstance(error, PgleaseError) and "no answer from PostgreSQL" in str(error)
+
+
+def test_batches_in_pooler_mode(pg_dsn: str, schema: str) -> None:
+    """Pooler mode sends the limits as SET LOCAL in the batch's own transaction."""
+    with PostgresStore(pg_dsn, schema=schema, pooler=True, max_size=2) as store:
+        rids = [store.ensure_resource("job", f"p{i}") for i in range(3)]
+        claims = store.claim_many(rids, A, 30)
+        assert all(isinstance(c, Claim) for c in claims)
+        assert all(isinstance(r, int) for r in store.release_many(claims))  # type: ignore[arg-type]
+
+
+async def test_async_batches_in_pooler_mode(pg_dsn: str, schema: str) -> None:
+    async with AsyncPostgresStore(pg_dsn, schema=schema, pooler=True, max_size=2) as store:
+        rids = [await store.ensure_resource("job", f"q{i}") for i in range(3)]
+        claims = await store.claim_many(rids, A, 30)
+        renewed = await store.renew_many(claims, 30)  # type: ignore[arg-type]
+        assert all(isinstance(c, Claim) for c in renewed)
+        assert all(isinstance(r, int) for r in await store.release_many(renewed))  # type: ignore[arg-type]

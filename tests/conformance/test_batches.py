@@ -230,3 +230,16 @@ def test_watchers_see_every_batch_event_once_in_order(backend: Backend) -> None:
         for rid in r:
             mine = [(e.type, e.revision) for e in got if e.resource_id == rid]
             assert mine == [("lease.claimed", 1), ("lease.renewed", 2), ("lease.released", 3)]
+
+
+def test_renew_many_just_before_expiry_renews(backend: Backend) -> None:
+    """A lease within a second of its expiry is renewed all the same (on
+    PostgreSQL such an item runs in its own subtransaction, as it might fail)."""
+    s = backend.store
+    r = ids(backend, 2, "e")
+    claims = s.claim_many(r, A, 10, now=at(0))
+    renewed = s.renew_many(claims, 10, now=at(9.5))  # type: ignore[arg-type]
+    assert all(isinstance(c, Claim) and c.expires_at == at(19.5) for c in renewed)
+    late = s.renew_many(renewed, 10, now=at(19.5))  # type: ignore[arg-type]
+    assert all(isinstance(x, LeaseExpiredError) for x in late)
+    assert [s.get(rid).revision for rid in r] == [2, 2]
