@@ -18,12 +18,18 @@ client count, so other load on the machine hits every side alike; the median
 per side is printed with each round's ratio and the load average at the start
 and the end.
 
+`--cpu CYCLES` instead measures server CPU per lease in one backend, no client
+or network in the loop (as `server_cost.py --cpu`): each side in a procedure
+that commits after every statement, the backend's own CPU time from /proc.
+
     .venv/bin/python bench/batch_cost.py [--seconds 5] [--rounds 3] [--clients 1,8]
+    .venv/bin/python bench/batch_cost.py --cpu 2000 [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import statistics
 import subprocess
@@ -37,7 +43,17 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _server import find_pgbench, machine_info, throwaway_server
-from server_cost import RAW, RESOURCES, SCHEMA, TOKEN, load, ours, setup
+from server_cost import (
+    RAW,
+    RESOURCES,
+    SCHEMA,
+    TOKEN,
+    _loop_procedure,
+    backend_cpu,
+    load,
+    ours,
+    setup,
+)
 
 BATCH = 10
 #: The batch's keys: :k, :k + STRIDE, ... (distinct, spread over the table).
@@ -134,11 +150,58 @@ def compare(pgbench: str, dsn: str, clients: list[int], seconds: int, rounds: in
         )
 
 
+def _batch_procedure() -> str:
+    """The batch script's two statements in a procedure, a COMMIT after each."""
+    return (
+        "CREATE OR REPLACE PROCEDURE bench_loop.batch(n integer, tok bytea) LANGUAGE plpgsql"
+        " AS $$ DECLARE k integer; a text[]; rr text[]; gg bigint[]; m integer; BEGIN"
+        f" FOR i IN 1..n LOOP k := 1 + floor(random() * {STRIDE})::integer;"
+        f" a := ARRAY(SELECT {_rid(f'k + {STRIDE} * j')} FROM generate_series(0, {BATCH - 1}) j"
+        " ORDER BY j);"
+        " SELECT array_agg(a[x.ord]) FILTER (WHERE x.claimed),"
+        " array_agg(x.generation) FILTER (WHERE x.claimed), count(*) FILTER (WHERE x.claimed)"
+        f" INTO rr, gg, m FROM {SCHEMA}.claim_many(a, 'bench', 'pgbench',"
+        f" array_fill(tok, ARRAY[{BATCH}]), 30::float8, NULL::timestamptz) x; COMMIT;"
+        f" IF m > 0 THEN PERFORM count(*) FROM {SCHEMA}.release_many(rr,"
+        " array_fill('bench'::text, ARRAY[m]), array_fill('pgbench'::text, ARRAY[m]), gg,"
+        " array_fill(tok, ARRAY[m]), NULL::timestamptz); END IF; COMMIT;"
+        " END LOOP; END $$"
+    )
+
+
+def cpu_loops(dsn: str, cycles: int, rounds: int) -> None:
+    """Server CPU per lease (claim+release) in one backend, sides interleaved ABBA."""
+    per_call = {"raw": 1, "batch": BATCH, "ours": 1}
+    token = hashlib.sha256(b"pgbench").digest()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS bench_loop CASCADE")
+        conn.execute("CREATE SCHEMA bench_loop")
+        conn.execute(_loop_procedure("raw").encode())
+        conn.execute(_loop_procedure("ours").encode())
+        conn.execute(_batch_procedure().encode())
+        per: dict[str, list[float]] = {side: [] for side in per_call}
+        for i in range(rounds):
+            for side in list(per_call) if i % 2 == 0 else reversed(per_call):
+                calls = max(cycles // per_call[side], 1)
+                before = backend_cpu(conn)
+                conn.execute(f"CALL bench_loop.{side}(%s, %s)".encode(), [calls, token])
+                per[side].append(1e6 * (backend_cpu(conn) - before) / (calls * per_call[side]))
+    raw = statistics.median(per["raw"])
+    print(f"server CPU per lease, one backend, {cycles} leases x {rounds} rounds:")
+    for side in per_call:
+        med = statistics.median(per[side])
+        spread = ",".join(f"{x:.0f}" for x in per[side])
+        print(f"  {side:<6} {med:7.1f} us  raw/this {raw / med:5.2f}  ({spread})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", default="1,8")
+    parser.add_argument(
+        "--cpu", type=int, metavar="CYCLES", help="server CPU per lease in one backend instead"
+    )
     args = parser.parse_args()
     pgbench = find_pgbench()
     with throwaway_server() as dsn:
@@ -146,6 +209,9 @@ def main() -> None:
         with psycopg.connect(dsn) as conn:
             version = conn.execute("SHOW server_version").fetchone()
         print(f"server {version[0] if version else '?'}; {machine_info()}; load {load()}")
+        if args.cpu:
+            cpu_loops(dsn, args.cpu, args.rounds)
+            return
         print(f"batch of {BATCH}; figures are leases claimed and released per second")
         compare(pgbench, dsn, [int(c) for c in args.clients.split(",")], args.seconds, args.rounds)
 
