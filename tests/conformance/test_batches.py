@@ -4,6 +4,7 @@ whole, one event per lease."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -62,7 +63,9 @@ def test_claim_many_takes_free_leases_and_reports_held_ones(backend: Backend) ->
     assert held is not None
     # Input order on purpose not id order: results come back in input order.
     order = [r[3], r[1], r[0], r[2]]
+    started = time.monotonic()
     got = s.claim_many(order, A, 10, now=at(1))
+    answered = time.monotonic()
     assert [c is None for c in got] == [False, True, False, False]
     for rid, claim in zip(order, got, strict=True):
         if claim is None:
@@ -70,6 +73,8 @@ def test_claim_many_takes_free_leases_and_reports_held_ones(backend: Backend) ->
         assert isinstance(claim, Claim)
         assert claim.resource_id == rid and claim.owner == A and claim.generation == 1
         assert claim.expires_at == at(11)
+        # Trusted from the call's start (ClaimOp.started), like a single claim.
+        assert started + 10 <= claim.trusted_until <= answered + 10
         state = s.get(rid, now=at(1))
         assert state.lease.owner == A and state.lease.generation == 1
         assert state.revision == claim.revision == 1
