@@ -12,6 +12,7 @@ from .payloads import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH, RawPayload
 from .postgres import AsyncPostgresStore, PostgresStore
 from .sqlite import AsyncSqliteStore, SqliteStore
 from .types import Claim, Event, LeaseState, MutationResult, Owner, Permit, ResourceState
+from .validation import MAX_BATCH
 
 try:
     __version__: str = _version("pglease")
@@ -23,6 +24,7 @@ __all__ = [
     "AsyncSqliteStore",
     "Claim",
     "Event",
+    "MAX_BATCH",
     "MAX_PAYLOAD_BYTES",
     "MAX_PAYLOAD_DEPTH",
     "LeaseState",

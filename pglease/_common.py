@@ -7,17 +7,18 @@ for every backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from .cursors import Position, encode_cursor, fingerprint, parse_cursor
 from .driver import ops
-from .errors import InvalidOwnerError, LeaseMismatchError, ValidationError
+from .errors import InvalidBatchError, InvalidOwnerError, LeaseMismatchError, ValidationError
 from .ids import new_token, token_hash
 from .payloads import canonical_payload, decode_payload
 from .types import Claim, Event, LeaseState, Owner, Permit, ResourceState
 from .validation import (
+    MAX_BATCH,
     check_event_type,
     check_key,
     check_optional_revision,
@@ -100,6 +101,66 @@ def release_op(claim: Claim, expected_revision: int | None, now: datetime | None
     return ops.ReleaseOp(
         claim, token_hash(claim.token), check_optional_revision(expected_revision), check_now(now)
     )
+
+
+def _batch(what: str, items: Iterable[Any]) -> tuple[Any, ...]:
+    """The batch's items as a tuple: 1 to MAX_BATCH of them (a str is refused,
+    though it is a sequence: it would be a batch of its characters)."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise InvalidBatchError(f"{what} takes a sequence, got {type(items).__name__}")
+    batch = tuple(items)
+    if not 1 <= len(batch) <= MAX_BATCH:
+        raise InvalidBatchError(f"{what} takes 1 to {MAX_BATCH} leases, got {len(batch)}")
+    return batch
+
+
+def _distinct(what: str, resource_ids: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for rid in resource_ids:
+        if rid in seen:
+            raise InvalidBatchError(f"{what} names resource {rid} more than once")
+        seen.add(rid)
+
+
+def claim_many_op(
+    resource_ids: Iterable[str], owner: Owner, ttl: float, now: datetime | None
+) -> ops.ClaimManyOp:
+    """The checked batch of claims, with a fresh token and its sha256 per item."""
+    rids = _batch("claim_many", resource_ids)
+    for rid in rids:
+        check_resource_id(rid)
+    _distinct("claim_many", rids)
+    if not isinstance(owner, Owner):
+        raise ValidationError(f"owner must be an Owner, got {type(owner).__name__}")
+    tokens = tuple(new_token() for _ in rids)
+    return ops.ClaimManyOp(
+        rids,
+        owner,
+        tokens,
+        tuple(token_hash(t) for t in tokens),
+        check_ttl(ttl),
+        check_now(now),
+    )
+
+
+def _claims(what: str, claims: Iterable[Claim]) -> tuple[Claim, ...]:
+    batch: tuple[Claim, ...] = _batch(what, claims)
+    for claim in batch:
+        check_claim(claim)
+    _distinct(what, [c.resource_id for c in batch])
+    return batch
+
+
+def renew_many_op(claims: Iterable[Claim], ttl: float, now: datetime | None) -> ops.RenewManyOp:
+    batch = _claims("renew_many", claims)
+    return ops.RenewManyOp(
+        batch, tuple(token_hash(c.token) for c in batch), check_ttl(ttl), check_now(now)
+    )
+
+
+def release_many_op(claims: Iterable[Claim], now: datetime | None) -> ops.ReleaseManyOp:
+    batch = _claims("release_many", claims)
+    return ops.ReleaseManyOp(batch, tuple(token_hash(c.token) for c in batch), check_now(now))
 
 
 def mutate_op(

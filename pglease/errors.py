@@ -103,6 +103,11 @@ class LeaseMismatchError(ValidationError):
     """A permit carries a lease of a different resource."""
 
 
+class InvalidBatchError(ValidationError):
+    """A batch (`claim_many`, `renew_many`, `release_many`) is empty, larger than
+    `MAX_BATCH` items, not a sequence, or names one resource more than once."""
+
+
 # --- state conflicts ----------------------------------------------------------
 
 
@@ -375,6 +380,33 @@ class CommitOutcomeUnknownError(DatabaseUnavailableError):
         self.resource_id = resource_id
         self.owner = owner
         self.token = token
+
+
+class BatchOutcomeUnknownError(CommitOutcomeUnknownError):
+    """The connection broke after a batch was sent: either every item's outcome
+    committed (one transaction) or none did.
+
+    `.resource_ids` are the batch's resources in the order given; for
+    `claim_many`, `.tokens` are the tokens sent (in that order), so a claim
+    that did commit (the lease shows that owner) can be rebuilt or released.
+    `.resource_id` is the first of them.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str,
+        resource_ids: tuple[str, ...],
+        owner: object = None,
+        tokens: tuple[str, ...] | None = None,
+    ):
+        super().__init__(message, operation=operation, resource_id=resource_ids[0], owner=owner)
+        self.resource_ids = resource_ids
+        self.tokens = tokens
+
+
+__all__ += ["BatchOutcomeUnknownError", "InvalidBatchError"]
 
 
 class InsufficientResourcesError(DatabaseError):

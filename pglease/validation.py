@@ -34,6 +34,9 @@ MAX_OWNER_ID_BYTES = 256
 MAX_EVENT_TYPE_LENGTH = 128
 MIN_TTL_SECONDS = 0.001
 MAX_TTL_SECONDS = 7 * 24 * 3600.0
+#: The most leases one `claim_many`, `renew_many` or `release_many` takes (the
+#: SQL functions in sql/functions/15_batch.sql refuse more too).
+MAX_BATCH = 1000
 RESERVED_EVENT_PREFIX = "lease."
 #: Schemas pglease must never install into: PostgreSQL's own and the shared default.
 RESERVED_SCHEMAS = frozenset({"public", "information_schema"})

@@ -27,6 +27,7 @@ BLOCK = re.compile(r"(?:<!-- example: (\S+)[^\n]*-->\n)?```python\n(.*?)```\n", 
 #: What each example prints when it did what it says (a regular expression).
 EXPECTED = {
     "async_store.py": r"claimed generation \d+",
+    "batches.py": r"claimed 10 released 10",
     "fleet.py": r"elected\nleader was h1",
     "metrics.py": r"http://127\.0\.0\.1:\d+/metrics",
     "pg_session_import.py": r"^\[\]$",

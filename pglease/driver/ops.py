@@ -122,3 +122,49 @@ class ReadLogOp:
 
     cursor: Cursor
     limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimManyOp:
+    """Take the leases on `resource_ids` (distinct) for `owner`, in one transaction;
+    `tokens[i]` is the secret of the claim on `resource_ids[i]`."""
+
+    resource_ids: tuple[str, ...]
+    owner: Owner
+    tokens: tuple[str, ...]
+    token_sha256s: tuple[bytes, ...]
+    ttl: float
+    now: datetime | None
+    #: When the call started (`time.monotonic()`), as `ClaimOp.started`.
+    started: float = field(default_factory=monotonic)
+
+    @property
+    def trusted_until(self) -> float:
+        """Each new claim's `Claim.trusted_until`."""
+        return self.started + self.ttl
+
+
+@dataclass(frozen=True, slots=True)
+class RenewManyOp:
+    """Extend each of `claims` (distinct resources) by `ttl`, in one transaction."""
+
+    claims: tuple[Claim, ...]
+    token_sha256s: tuple[bytes, ...]
+    ttl: float
+    now: datetime | None
+    #: When the call started (`time.monotonic()`), as `ClaimOp.started`.
+    started: float = field(default_factory=monotonic)
+
+    @property
+    def trusted_until(self) -> float:
+        """Each renewed claim's `Claim.trusted_until`."""
+        return self.started + self.ttl
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseManyOp:
+    """Give up each of `claims` (distinct resources), in one transaction."""
+
+    claims: tuple[Claim, ...]
+    token_sha256s: tuple[bytes, ...]
+    now: datetime | None

@@ -16,8 +16,22 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
+from ..errors import LeaseLostError
 from ..types import Claim, Event, MutationResult, ResourceState
-from .ops import ClaimOp, EnsureOp, EventsOp, GetOp, ListOp, MutateOp, ReadLogOp, ReleaseOp, RenewOp
+from .ops import (
+    ClaimManyOp,
+    ClaimOp,
+    EnsureOp,
+    EventsOp,
+    GetOp,
+    ListOp,
+    MutateOp,
+    ReadLogOp,
+    ReleaseManyOp,
+    ReleaseOp,
+    RenewManyOp,
+    RenewOp,
+)
 
 #: Covariant: a driver lends its connections and hands them to `apply`.
 C = TypeVar("C", covariant=True)
@@ -57,6 +71,20 @@ class StoreDriver(Protocol[C]):
 
     def release(self, op: ReleaseOp) -> int:
         """The resource's new revision."""
+        ...
+
+    def claim_many(self, op: ClaimManyOp) -> list[Claim | None]:
+        """Per item, in `op`'s order, what `claim` returns; one transaction."""
+        ...
+
+    def renew_many(self, op: RenewManyOp) -> list[Claim | LeaseLostError]:
+        """Per item, in `op`'s order, the renewed claim or why it is not current;
+        one transaction."""
+        ...
+
+    def release_many(self, op: ReleaseManyOp) -> list[int | LeaseLostError]:
+        """Per item, in `op`'s order, the new revision or why it is not current;
+        one transaction."""
         ...
 
     def mutate(self, op: MutateOp, apply: Callable[[C], Any] | None) -> MutationResult:

@@ -15,8 +15,22 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
+from ..errors import LeaseLostError
 from ..types import Claim, Event, MutationResult, ResourceState
-from .ops import ClaimOp, EnsureOp, EventsOp, GetOp, ListOp, MutateOp, ReadLogOp, ReleaseOp, RenewOp
+from .ops import (
+    ClaimManyOp,
+    ClaimOp,
+    EnsureOp,
+    EventsOp,
+    GetOp,
+    ListOp,
+    MutateOp,
+    ReadLogOp,
+    ReleaseManyOp,
+    ReleaseOp,
+    RenewManyOp,
+    RenewOp,
+)
 
 #: Covariant: a driver lends its connections and hands them to `apply`.
 C = TypeVar("C", covariant=True)
@@ -56,6 +70,20 @@ class AsyncStoreDriver(Protocol[C]):
 
     async def release(self, op: ReleaseOp) -> int:
         """The resource's new revision."""
+        ...
+
+    async def claim_many(self, op: ClaimManyOp) -> list[Claim | None]:
+        """Per item, in `op`'s order, what `claim` returns; one transaction."""
+        ...
+
+    async def renew_many(self, op: RenewManyOp) -> list[Claim | LeaseLostError]:
+        """Per item, in `op`'s order, the renewed claim or why it is not current;
+        one transaction."""
+        ...
+
+    async def release_many(self, op: ReleaseManyOp) -> list[int | LeaseLostError]:
+        """Per item, in `op`'s order, the new revision or why it is not current;
+        one transaction."""
         ...
 
     async def mutate(

@@ -31,6 +31,7 @@ from ..errors import (
     DiskFullError,
     EventOrderError,
     InsufficientResourcesError,
+    InvalidBatchError,
     InvalidEventTypeError,
     InvalidKeyError,
     InvalidOwnerError,
@@ -81,7 +82,16 @@ _ERRORS: dict[str, type[PgleaseError]] = {
     "PGL18": InvalidEventTypeError,
     "PGL19": InvalidPayloadError,
     "PGL20": ValidationError,
+    "PGL21": InvalidBatchError,  # sql/functions/15_batch.sql
 }
+
+
+def lease_error(code: str, message: str) -> LeaseLostError:
+    """A batch item's error (sql/functions/15_batch.sql reports the SQLSTATE and
+    message a single call raised): PGL04 expired, else PGL03 not current."""
+    return LeaseExpiredError(message) if code == "PGL04" else LeaseLostError(message)
+
+
 # `_bump`'s order guard (sql/0002, 0006) raises a serialization failure whose
 # message starts with this. Only that one is mapped: any other 40001 (say from
 # the caller's own SQL under SERIALIZABLE) is not pglease's to name.

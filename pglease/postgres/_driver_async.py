@@ -25,10 +25,16 @@ from psycopg_pool import AsyncConnectionPool
 from .. import cursor_check
 from ..driver import ops
 from ..dsn import resolve_dsn
-from ..errors import PgleaseError, StoreClosedError, UnknownResourceError
+from ..errors import (
+    BatchOutcomeUnknownError,
+    LeaseLostError,
+    PgleaseError,
+    StoreClosedError,
+    UnknownResourceError,
+)
 from ..ids import resource_id
 from ..migrations import migrate_async, migration_state_async
-from ..types import Claim, Event, MutationResult, ResourceState
+from ..types import Claim, Event, MutationResult, Owner, ResourceState
 from . import _core, _outcomes
 from ._fastpath import (
     CLAIM,
@@ -412,6 +418,119 @@ class AsyncPgDriver:
     async def release(self, op: ops.ReleaseOp) -> int:
         result = await self._write(RELEASE, release_values(op), op, _release_unknown)
         return int(result.get_value(0, 0) or b"")
+
+    async def _batch(
+        self,
+        query: bytes,
+        args: list[Any],
+        unknown: Callable[[psycopg.Error], PgleaseError],
+    ) -> list[Any]:
+        """Every row of one batch statement (autocommit: one round trip, one commit).
+
+        Never retried: once sent, a batch may have committed. A connection that
+        breaks (or stalls past the client deadline, `AsyncStoreConnection`) after
+        that raises `unknown(exc)`. In pooler mode the limits go ahead of it as
+        SET LOCAL in its transaction, pipelined (as `_read` does)."""
+        conns = self._stack
+        conn = await self._take(conns)
+        try:
+            if self._local_config is not None:
+                async with conn.pipeline(), conn.transaction():
+                    await conn.execute(self._local_config)
+                    cursor = await conn.execute(query, args)
+                    rows = await cursor.fetchall()
+            else:
+                cursor = await conn.execute(query, args)
+                rows = await cursor.fetchall()
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise unknown(exc) from exc
+            error = self._error(exc)
+            raise error from _core.cause_of(error, exc)
+        finally:
+            await conns.give_back(conn)
+        # The function answers in resource-id order; the caller's order is `ord`.
+        rows.sort(key=lambda row: row[0])
+        return rows
+
+    def _batch_unknown(
+        self,
+        operation: str,
+        rids: tuple[str, ...],
+        owner: Owner | None,
+        tokens: tuple[str, ...] | None,
+    ) -> Callable[[psycopg.Error], PgleaseError]:
+        def unknown(exc: psycopg.Error) -> PgleaseError:
+            check = (
+                "all of its items committed or none did (one transaction); read get() of"
+                f" {rids[0]!r}"
+                + (f" (or any of the {len(rids)} resources)" if len(rids) > 1 else "")
+                + " to learn which"
+            )
+            message = _core.outcome_unknown(exc, operation, rids[0], check, self.dsn)
+            return BatchOutcomeUnknownError(
+                str(message), operation=operation, resource_ids=rids, owner=owner, tokens=tokens
+            )
+
+        return unknown
+
+    async def claim_many(self, op: ops.ClaimManyOp) -> list[Claim | None]:
+        owner = op.owner
+        args = [list(op.resource_ids), owner.type, owner.id, list(op.token_sha256s), op.ttl, op.now]
+        unknown = self._batch_unknown("claim_many", op.resource_ids, owner, op.tokens)
+        rows = await self._batch(self._q.claim_many, args, unknown)
+        trusted_until = op.trusted_until
+        out: list[Claim | None] = []
+        for (ordinal, claimed, generation, expires_at, revision), rid, token in zip(
+            rows, op.resource_ids, op.tokens, strict=True
+        ):
+            assert ordinal == len(out) + 1
+            out.append(
+                Claim(rid, owner, token, generation, expires_at, revision, trusted_until)
+                if claimed
+                else None
+            )
+        return out
+
+    @staticmethod
+    def _lease_arrays(claims: tuple[Claim, ...], token_sha256s: tuple[bytes, ...]) -> list[Any]:
+        return [
+            [c.resource_id for c in claims],
+            [c.owner.type for c in claims],
+            [c.owner.id for c in claims],
+            [c.generation for c in claims],
+            list(token_sha256s),
+        ]
+
+    async def renew_many(self, op: ops.RenewManyOp) -> list[Claim | LeaseLostError]:
+        args = [*self._lease_arrays(op.claims, op.token_sha256s), op.ttl, op.now]
+        rids = tuple(c.resource_id for c in op.claims)
+        rows = await self._batch(
+            self._q.renew_many, args, self._batch_unknown("renew_many", rids, None, None)
+        )
+        trusted_until = op.trusted_until
+        out: list[Claim | LeaseLostError] = []
+        for (_, expires_at, revision, code, message), claim in zip(rows, op.claims, strict=True):
+            if code is None:
+                out.append(
+                    replace(
+                        claim, expires_at=expires_at, revision=revision, trusted_until=trusted_until
+                    )
+                )
+            else:
+                out.append(_core.lease_error(code, message))
+        return out
+
+    async def release_many(self, op: ops.ReleaseManyOp) -> list[int | LeaseLostError]:
+        args = [*self._lease_arrays(op.claims, op.token_sha256s), op.now]
+        rids = tuple(c.resource_id for c in op.claims)
+        rows = await self._batch(
+            self._q.release_many, args, self._batch_unknown("release_many", rids, None, None)
+        )
+        return [
+            int(revision) if code is None else _core.lease_error(code, message)
+            for (_, revision, code, message), _claim in zip(rows, op.claims, strict=True)
+        ]
 
     async def mutate(
         self, op: ops.MutateOp, apply: Callable[[AsyncConn], Awaitable[Any]] | None

@@ -26,6 +26,21 @@ class Queries:
         self.release = q(
             "SELECT * FROM {s}.release(%s, %s, %s, %s::bigint, %s, %s::bigint, %s::timestamptz)"
         )
+        # The batches (sql/functions/15_batch.sql): one row per item, `ord` its
+        # 1-based position in the arrays sent.
+        self.claim_many = q(
+            "SELECT ord, claimed, generation, expires_at, revision FROM {s}.claim_many("
+            "%s::text[], %s, %s, %s::bytea[], %s::float8, %s::timestamptz)"
+        )
+        self.renew_many = q(
+            "SELECT ord, expires_at, revision, error_code, error_message FROM {s}.renew_many("
+            "%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bytea[], %s::float8,"
+            " %s::timestamptz)"
+        )
+        self.release_many = q(
+            "SELECT ord, revision, error_code, error_message FROM {s}.release_many("
+            "%s::text[], %s::text[], %s::text[], %s::bigint[], %s::bytea[], %s::timestamptz)"
+        )
         # Read after the function ran (its FROM item is evaluated first): the
         # seconds a fenced mutation's lease had left, set by _bound_by_lease.
         self.mutate_begin = q(

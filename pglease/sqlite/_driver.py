@@ -18,7 +18,7 @@ from typing import Any, Self
 
 from .._compat import to_thread
 from ..driver import ops
-from ..errors import StoreClosedError
+from ..errors import LeaseLostError, StoreClosedError
 from ..types import Claim, Event, MutationResult, ResourceState
 from . import _ops
 from ._db import Database, check_busy_timeout, check_path
@@ -86,6 +86,15 @@ class SqliteDriver:
 
     def release(self, op: ops.ReleaseOp) -> int:
         return to_thread(_ops.release, self.db, op)
+
+    def claim_many(self, op: ops.ClaimManyOp) -> list[Claim | None]:
+        return to_thread(_ops.claim_many, self.db, op)
+
+    def renew_many(self, op: ops.RenewManyOp) -> list[Claim | LeaseLostError]:
+        return to_thread(_ops.renew_many, self.db, op)
+
+    def release_many(self, op: ops.ReleaseManyOp) -> list[int | LeaseLostError]:
+        return to_thread(_ops.release_many, self.db, op)
 
     def mutate(
         self, op: ops.MutateOp, apply: Callable[[sqlite3.Connection], Any] | None

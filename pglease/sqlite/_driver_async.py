@@ -20,7 +20,7 @@ from typing import Any, Self
 
 from .._compat_async import to_thread
 from ..driver import ops
-from ..errors import StoreClosedError
+from ..errors import LeaseLostError, StoreClosedError
 from ..types import Claim, Event, MutationResult, ResourceState
 from . import _ops
 from ._db import Database, check_busy_timeout, check_path
@@ -89,6 +89,15 @@ class AsyncSqliteDriver:
 
     async def release(self, op: ops.ReleaseOp) -> int:
         return await to_thread(_ops.release, self.db, op)
+
+    async def claim_many(self, op: ops.ClaimManyOp) -> list[Claim | None]:
+        return await to_thread(_ops.claim_many, self.db, op)
+
+    async def renew_many(self, op: ops.RenewManyOp) -> list[Claim | LeaseLostError]:
+        return await to_thread(_ops.renew_many, self.db, op)
+
+    async def release_many(self, op: ops.ReleaseManyOp) -> list[int | LeaseLostError]:
+        return await to_thread(_ops.release_many, self.db, op)
 
     async def mutate(
         self, op: ops.MutateOp, apply: Callable[[sqlite3.Connection], Awaitable[Any]] | None

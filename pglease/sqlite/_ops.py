@@ -360,6 +360,84 @@ def release(db: Database, op: ops.ReleaseOp) -> int:
     return revision
 
 
+# The batches: one write transaction each, the items in resource-id order (as
+# the PostgreSQL functions do them, so both backends write the same history).
+# An item's failure (held, not current, expired) is found before it writes,
+# so it leaves nothing to undo and the other items go on; an unknown resource
+# raises and rolls the whole batch back.
+def _id_order(rids: Sequence[str]) -> list[int]:
+    return sorted(range(len(rids)), key=lambda i: rids[i].encode())
+
+
+def claim_many(db: Database, op: ops.ClaimManyOp) -> list[Claim | None]:
+    owner, rids = op.owner, op.resource_ids
+    out: list[Claim | None] = [None] * len(rids)
+    with db.write() as conn:
+        for i in _id_order(rids):
+            lease = lock_lease(conn, rids[i])
+            t = clock_us(op.now)
+            taken = claim_locked(conn, lease, owner.type, owner.id, op.token_sha256s[i], op.ttl, t)
+            if taken is not None:
+                generation, expires, revision = taken
+                out[i] = Claim(
+                    rids[i], owner, op.tokens[i], generation, from_us(expires), revision,
+                    op.trusted_until,
+                )  # fmt: skip
+    return out
+
+
+def renew_many(db: Database, op: ops.RenewManyOp) -> list[Claim | LeaseLostError]:
+    claims = op.claims
+    out: list[Claim | LeaseLostError | None] = [None] * len(claims)
+    with db.write() as conn:
+        for i in _id_order([c.resource_id for c in claims]):
+            c = claims[i]
+            try:
+                lease = _lock_current(conn, c, op.token_sha256s[i], None)
+                t = clock_us(op.now)
+                _check_unexpired(lease, t)
+            except LeaseLostError as exc:
+                out[i] = exc
+                continue
+            expires = t + ttl_us(op.ttl)
+            conn.execute(
+                "UPDATE leases SET heartbeat_at = ?, expires_at = ? WHERE resource_id = ?",
+                (t, expires, c.resource_id),
+            )
+            revision, _ = _bump(
+                conn, c.resource_id, t, "lease.renewed", c.owner.type, c.owner.id, c.generation,
+                expires, None,
+            )  # fmt: skip
+            out[i] = replace(
+                c, expires_at=from_us(expires), revision=revision, trusted_until=op.trusted_until
+            )
+    return [r for r in out if r is not None]
+
+
+def release_many(db: Database, op: ops.ReleaseManyOp) -> list[int | LeaseLostError]:
+    claims = op.claims
+    out: list[int | LeaseLostError | None] = [None] * len(claims)
+    with db.write() as conn:
+        for i in _id_order([c.resource_id for c in claims]):
+            c = claims[i]
+            try:
+                _lock_current(conn, c, op.token_sha256s[i], None)
+            except LeaseLostError as exc:
+                out[i] = exc
+                continue
+            t = clock_us(op.now)
+            conn.execute(
+                "UPDATE leases SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL,"
+                " expires_at = NULL, heartbeat_at = ? WHERE resource_id = ?",
+                (t, c.resource_id),
+            )
+            out[i], _ = _bump(
+                conn, c.resource_id, t, "lease.released", c.owner.type, c.owner.id, c.generation,
+                None, None,
+            )  # fmt: skip
+    return [r for r in out if r is not None]
+
+
 def mutate(
     db: Database, op: ops.MutateOp, apply: Callable[[sqlite3.Connection], Any] | None
 ) -> MutationResult:

@@ -14,14 +14,14 @@ constructors: a subclass that builds its driver.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from .. import _common, _instrument
 from ..driver.runtime_api import Leader, runtime
-from ..errors import PgleaseError
+from ..errors import LeaseLostError, PgleaseError
 from ..types import Claim, Event, MutationResult, Owner, Permit, ResourceState
 from ..validation import check_apply
 
@@ -135,6 +135,90 @@ class AsyncLeaseStore(ABC, Generic[C, W]):
             raise
         _instrument.recorder.release("released")
         return revision
+
+    async def claim_many(
+        self,
+        resource_ids: Sequence[str],
+        owner: Owner,
+        ttl: float,
+        *,
+        now: datetime | None = None,
+    ) -> list[Claim | None]:
+        """Claim several leases in one round trip and one transaction.
+
+        Returns, in the order of `resource_ids`, each item's result exactly as
+        `claim` would return it: the new `Claim` (its own generation, token,
+        revision and `lease.claimed` event), or None while another holder's
+        lease is live. Per-item results, not all-or-nothing: the leases that
+        were free are taken even when others are held. The whole batch is
+        refused, before anything changes, for bad input (an empty or too
+        large batch, see `MAX_BATCH`; a resource named twice; a malformed id,
+        owner or ttl: `ValidationError`s) and for an unknown resource
+        (`UnknownResourceError`). Locks are taken in resource-id order, so
+        concurrent batches never deadlock whatever order they name the
+        resources in. Every claim is trusted from the call's start
+        (`Claim.trusted_until`). A connection lost after the batch was sent
+        raises `BatchOutcomeUnknownError`: all items committed or none did.
+        """
+        op = _common.claim_many_op(resource_ids, owner, ttl, now)
+        try:
+            claims = await self._driver.claim_many(op)
+        except PgleaseError as exc:
+            outcome = _instrument.claim_error(exc)
+            for _ in op.resource_ids:
+                _instrument.recorder.claim(outcome)
+            raise
+        for claim in claims:
+            _instrument.recorder.claim("held" if claim is None else "claimed")
+        return claims
+
+    async def renew_many(
+        self, claims: Sequence[Claim], ttl: float, *, now: datetime | None = None
+    ) -> list[Claim | LeaseLostError]:
+        """Renew several leases in one round trip and one transaction.
+
+        Returns, in the order of `claims`, each item's renewed `Claim` (a
+        `lease.renewed` event and a new revision each), or the
+        `LeaseLostError` (`LeaseExpiredError` for an expired one) that
+        `renew` would have raised for it; the other items are renewed all the
+        same. The whole batch is refused, changing nothing, for bad input
+        (as `claim_many`) and an unknown resource, and raises as a single
+        call would for any other error. A connection lost after the batch was
+        sent raises `BatchOutcomeUnknownError`.
+        """
+        op = _common.renew_many_op(claims, ttl, now)
+        try:
+            results = await self._driver.renew_many(op)
+        except PgleaseError as exc:
+            for _ in op.claims:
+                _instrument.recorder.renewal("store", _instrument.lease_error(exc))
+            raise
+        for result in results:
+            outcome = "lost" if isinstance(result, LeaseLostError) else "renewed"
+            _instrument.recorder.renewal("store", outcome)
+        return results
+
+    async def release_many(
+        self, claims: Sequence[Claim], *, now: datetime | None = None
+    ) -> list[int | LeaseLostError]:
+        """Release several leases in one round trip and one transaction.
+
+        Returns, in the order of `claims`, each item's new revision (a
+        `lease.released` event each), or the `LeaseLostError` that `release`
+        would have raised for it; the other items are released all the same.
+        Refused as a whole as `renew_many` is.
+        """
+        op = _common.release_many_op(claims, now)
+        try:
+            results = await self._driver.release_many(op)
+        except PgleaseError as exc:
+            for _ in op.claims:
+                _instrument.recorder.release(_instrument.lease_error(exc))
+            raise
+        for result in results:
+            outcome = "lost" if isinstance(result, LeaseLostError) else "released"
+            _instrument.recorder.release(outcome)
+        return results
 
     async def mutate(
         self,
