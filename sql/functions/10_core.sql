@@ -835,8 +835,10 @@ BEGIN
     END IF;
 END $$;
 
--- First statement of a mutation's transaction: checks the permit under the row
--- lock, stores the payload, bumps the revision and appends the event. The
+-- The cold way of mutate_begin (the entry point below runs it when its one
+-- statement matched nothing or cannot be used; internal: no role is granted
+-- it). First statement of a mutation's transaction: checks the permit under
+-- the row lock, stores the payload, bumps the revision and appends the event. The
 -- caller's own SQL runs afterwards in the same transaction, still under the lock,
 -- and a fenced one no longer than its lease allows (_bound_by_lease).
 --
@@ -846,12 +848,12 @@ END $$;
 -- prune skips key-share-locked rows, and a writer that comes second finds the
 -- row gone and inserts it again. The loop ends: each turn inserts the row,
 -- locks it, or saw it deleted by a prune that has committed.
-CREATE OR REPLACE FUNCTION @schema@.mutate_begin(
+CREATE OR REPLACE FUNCTION @schema@._mutate_begin_cold(
     p_resource text, p_expected_revision bigint, p_event_type text,
     p_owner_type text, p_owner_id text, p_generation bigint, p_token_sha256 bytea,
     p_actor_type text, p_actor_id text, p_payload text, p_now timestamptz,
     OUT revision bigint, OUT event_id bigint, OUT payload_sha256 bytea)
-LANGUAGE plpgsql SECURITY DEFINER
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -917,15 +919,15 @@ BEGIN
         payload_sha256 := sha256(convert_to(p_payload, 'UTF8'));
         LOOP
             INSERT INTO @schema@.payloads (sha256, body)
-                VALUES (mutate_begin.payload_sha256, p_payload)
+                VALUES (_mutate_begin_cold.payload_sha256, p_payload)
                 ON CONFLICT DO NOTHING;
             EXIT WHEN FOUND;
             SELECT body INTO v_body FROM @schema@.payloads
-             WHERE sha256 = mutate_begin.payload_sha256 FOR KEY SHARE;
+             WHERE sha256 = _mutate_begin_cold.payload_sha256 FOR KEY SHARE;
             IF FOUND THEN
                 IF v_body IS DISTINCT FROM p_payload THEN
                     RAISE EXCEPTION 'payload % is stored with different bytes',
-                        encode(mutate_begin.payload_sha256, 'hex') USING ERRCODE = 'PGL06';
+                        encode(_mutate_begin_cold.payload_sha256, 'hex') USING ERRCODE = 'PGL06';
                 END IF;
                 EXIT;
             END IF;
@@ -934,7 +936,183 @@ BEGIN
     SELECT b.revision, b.event_id INTO revision, event_id
       FROM @schema@._bump(p_resource, v_now, p_event_type, p_actor_type, p_actor_id,
                           CASE WHEN p_token_sha256 IS NULL THEN NULL ELSE p_generation END,
-                          NULL, mutate_begin.payload_sha256) b;
+                          NULL, _mutate_begin_cold.payload_sha256) b;
+END $$;
+
+-- The entry point mutate_begin: one statement on the way that succeeds, as
+-- claim, renew and release (see the comment above them for how one statement
+-- keeps the queue lock, the database clock, the order guard and the inputs).
+-- It covers the writes users make: leased (fenced) or not, with an expected
+-- revision or without, with a payload or without. Everything else goes to
+-- _mutate_begin_cold above, the earlier body unchanged, which judges from the
+-- start and words every refusal and error as before: bad arguments, an
+-- unknown resource, a lease that is not current or has expired, a stale
+-- revision, a leased resource written without its lease, a payload stored
+-- with other bytes or deleted by a prune meanwhile, a test clock (`now`), a
+-- transaction that wrote before. When the statement matched nothing it wrote
+-- nothing: every write in it hangs on the lease row it locked and judged.
+--
+-- What the statement adds to claim's pattern:
+--  * the row lock: `l` takes the queue lock in its WHERE (only when the
+--    committed row is one this write would be accepted on) and then the row
+--    lock FOR UPDATE, as _lock_lease; if the row changed meanwhile, READ
+--    COMMITTED re-judges its newest version. `now` (l.t) is read in its
+--    target list, after the queue wait; `g` judges expiry by it (a leased
+--    write needs an unexpired lease, an unleased one a free or expired lease),
+--    so the event, the revision's updated_at and the bound share one instant.
+--  * the inputs: the resource, owner, generation and token equal the row's
+--    (written by a checked claim), an expected revision must equal the
+--    resource's; what no row vouches for is checked as a condition that makes
+--    `l` match nothing (event type, actor, payload size, a negative expected
+--    revision). The payload's JSON is checked (cast, raising 22P02 as the
+--    cold way does) only on a row `g` accepted, through a column of `l`, so a
+--    custom plan cannot fold it into an error that the cold way would word
+--    differently (another argument error comes first there).
+--  * the payload and a concurrent prune (see the loop in _mutate_begin_cold):
+--    `pi` inserts the payload; when it was stored already (ON CONFLICT DO
+--    NOTHING locks nothing), `po` locks the stored row FOR KEY SHARE, which
+--    prune skips. A row prune deleted meanwhile (committed before the lock, or
+--    deleted while `po` waited for prune's lock) is not returned, and neither
+--    is one inserted by a transaction that committed after the statement's
+--    snapshot: the statement then writes nothing and the cold way stores the
+--    payload again, in its loop. Other bytes under the same hash: cold, PGL06.
+--  * the revision bump is one CTE (`r`); the order guard is not read, as in
+--    claim: the transaction had no id before the statement, and takes it in
+--    `l` after the queue lock.
+--  * the bound (_bound_by_lease's settings, same values and rules) is set in
+--    the statement's last SELECT for a leased write, with
+--    `pglease.lease_left`, which the client reads.
+CREATE OR REPLACE FUNCTION @schema@.mutate_begin(
+    p_resource text, p_expected_revision bigint, p_event_type text,
+    p_owner_type text, p_owner_id text, p_generation bigint, p_token_sha256 bytea,
+    p_actor_type text, p_actor_id text, p_payload text, p_now timestamptz,
+    OUT revision bigint, OUT event_id bigint, OUT payload_sha256 bytea)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_set text;
+    v_woke boolean;
+BEGIN
+    IF p_now IS NULL AND pg_current_xact_id_if_assigned() IS NULL THEN
+        WITH l AS MATERIALIZED (
+            SELECT x.generation, x.owner_id, x.expires_at, clock_timestamp() AS t,
+                   p_payload AS body, sha256(convert_to(p_payload, 'UTF8')) AS h
+              FROM @schema@.leases x
+             WHERE x.resource_id = p_resource
+               AND CASE WHEN p_expected_revision < 0
+                              OR p_event_type IS NULL OR length(p_event_type) > 128
+                              OR p_event_type !~ '^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$'
+                              OR p_event_type LIKE 'lease.%'
+                              OR octet_length(p_payload) > 1048576
+                        THEN false
+                        -- An actor: none, the lease's owner (the row vouches
+                        -- for it), or checked as _check_owner does.
+                        WHEN NOT coalesce((p_actor_type IS NULL AND p_actor_id IS NULL)
+                                          OR (p_token_sha256 IS NOT NULL
+                                              AND p_actor_type = p_owner_type
+                                              AND p_actor_id = p_owner_id)
+                                          OR (p_actor_type ~ '^[a-z][a-z0-9_]{0,62}$'
+                                              AND p_actor_id <> ''
+                                              AND octet_length(p_actor_id) <= 256), false)
+                        THEN false
+                        WHEN CASE WHEN p_token_sha256 IS NULL
+                                  THEN x.owner_id IS NULL OR x.expires_at <= clock_timestamp()
+                                  ELSE x.owner_id = p_owner_id AND x.owner_type = p_owner_type
+                                       AND x.generation = p_generation
+                                       AND x.token_sha256 = p_token_sha256 END
+                        THEN pg_advisory_xact_lock(
+                                 hashtextextended(p_resource, hashtext('@schema@'))) IS NOT NULL
+                        ELSE false END
+               FOR UPDATE OF x),
+        g AS MATERIALIZED (
+            SELECT l.t, l.expires_at, l.body, l.h FROM l
+             WHERE CASE WHEN p_token_sha256 IS NULL
+                        THEN l.owner_id IS NULL OR l.expires_at <= l.t
+                        ELSE l.expires_at > l.t END),
+        pi AS (
+            INSERT INTO @schema@.payloads (sha256, body)
+            SELECT g.h, g.body FROM g WHERE g.body IS NOT NULL AND g.body::json IS NOT NULL
+            ON CONFLICT DO NOTHING
+            RETURNING payloads.sha256),
+        po AS MATERIALIZED (
+            SELECT p.body FROM g JOIN @schema@.payloads p ON p.sha256 = g.h
+             WHERE NOT EXISTS (SELECT FROM pi)
+               FOR KEY SHARE OF p),
+        pay AS MATERIALIZED (
+            SELECT g.t, g.expires_at, g.h FROM g
+             WHERE g.body IS NULL OR EXISTS (SELECT FROM pi)
+                OR EXISTS (SELECT FROM po WHERE po.body = g.body)),
+        -- The revision bump and its check, in this one CTE (the revision
+        -- lives in `resources`; a port that moves it into the lease row
+        -- changes only this CTE and `l`). Under the queue lock no one else
+        -- bumps it; a bump committed while this statement queued is seen
+        -- (READ COMMITTED re-judges the row it updates).
+        r AS (
+            UPDATE @schema@.resources x SET revision = x.revision + 1, updated_at = pay.t
+              FROM pay
+             WHERE x.id = p_resource
+               AND (p_expected_revision IS NULL OR x.revision = p_expected_revision)
+            RETURNING x.revision),
+        e AS (
+            INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                         lease_generation, lease_expires_at, payload_sha256,
+                                         created_at)
+            SELECT p_resource, r.revision, p_event_type,
+                   CASE WHEN p_token_sha256 IS NULL THEN p_actor_type ELSE p_owner_type END,
+                   CASE WHEN p_token_sha256 IS NULL THEN p_actor_id ELSE p_owner_id END,
+                   CASE WHEN p_token_sha256 IS NULL THEN NULL ELSE p_generation END,
+                   NULL::timestamptz, pay.h, pay.t
+              FROM pay, r
+            RETURNING events.id, events.revision),
+        -- _bound_by_lease's values: seconds left, the bound (left + 0.5 s) and
+        -- its milliseconds, and the limits in force (0: none).
+        b AS (
+            SELECT s.secs, s.bound, ceil(s.bound * 1000)::bigint::text AS ms,
+                   extract(epoch FROM current_setting('statement_timeout')::interval)::float8
+                       AS stmt,
+                   extract(epoch FROM current_setting('idle_in_transaction_session_timeout')
+                                          ::interval)::float8 AS idle,
+                   CASE WHEN current_setting('server_version_num')::int >= 170000
+                        THEN extract(epoch FROM current_setting('transaction_timeout')
+                                                   ::interval)::float8 END AS xact
+              FROM (SELECT v.secs, least(v.secs + 0.5, 2147483) AS bound
+                      FROM (SELECT greatest(extract(epoch FROM pay.expires_at - pay.t), 0)::float8
+                                   AS secs FROM pay) v) s
+             WHERE p_token_sha256 IS NOT NULL)
+        SELECT e.revision, e.id, pay.h,
+               -- The settings of _bound_by_lease, set only ever to shorten.
+               CASE WHEN b.secs IS NOT NULL THEN concat(
+                      set_config('pglease.lease_left', b.secs::text, true),
+                      CASE WHEN b.stmt = 0 OR b.bound < b.stmt
+                           THEN set_config('statement_timeout', b.ms, true) END,
+                      CASE WHEN b.idle = 0 OR b.bound < b.idle
+                           THEN set_config('idle_in_transaction_session_timeout', b.ms, true) END,
+                      -- A limit in force counts from the transaction's start;
+                      -- a running timer is re-armed by disarming it first.
+                      CASE WHEN b.xact = 0
+                                OR b.bound < b.xact - extract(epoch FROM clock_timestamp() - now())
+                           THEN set_config('transaction_timeout',
+                                           CASE WHEN set_config('transaction_timeout', '0', true)
+                                                     IS NOT NULL THEN b.ms END, true) END)
+               END,
+               CASE WHEN NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'),
+                                                              hashtext('@schema@'))
+                    THEN pg_notify(left('pglease_@schema@', 63), '') IS NOT NULL
+                    WHEN pg_try_advisory_xact_lock(hashtext('pglease.notify'),
+                                                   hashtext('@schema@'))
+                    THEN pg_notify(left('pglease_@schema@', 63), '') IS NOT NULL
+                    ELSE false END
+          FROM pay CROSS JOIN e LEFT JOIN b ON true
+          INTO revision, event_id, payload_sha256, v_set, v_woke;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    SELECT c.revision, c.event_id, c.payload_sha256 INTO revision, event_id, payload_sha256
+      FROM @schema@._mutate_begin_cold(p_resource, p_expected_revision, p_event_type,
+                                       p_owner_type, p_owner_id, p_generation, p_token_sha256,
+                                       p_actor_type, p_actor_id, p_payload, p_now) c;
 END $$;
 
 -- An operator ends the current lease (the owner's tool for a stuck holder):
