@@ -804,3 +804,22 @@ def test_a_mutation_reads_the_clock_after_its_queue_wait(
     assert event.created_at >= freed
     # The seconds left are judged at that same instant.
     assert float(left) == pytest.approx((expires - event.created_at).total_seconds(), abs=1e-6)
+
+
+def test_a_mutation_holds_the_lease_row_until_it_ends(
+    pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    """The one statement locks the lease row (as _lock_lease did): a heartbeat
+    cannot extend the lease while the mutation runs, it reports it busy."""
+    rid = pg_store.ensure_resource("job", "mutate-holds")
+    assert _sql(pg_dsn, q(schema, "claim"), [rid, "host", "a", TOK_A, 60, None, None])[0]
+    beat = (
+        f'SELECT status FROM "{schema}".heartbeat(ARRAY[%s], ARRAY[1::bigint], ARRAY[%s::bytea],'
+        " ARRAY['host'], ARRAY['a'], ARRAY[60::float8])"
+    )
+    with psycopg.connect(pg_dsn) as writer:
+        args = [rid, 1, EVENT, "host", "a", 1, TOK_A, "host", "a", None, None]
+        assert writer.execute(_mutate_sql(schema).encode(), args).fetchone()[0] == 2  # type: ignore[index]
+        assert _sql(pg_dsn, beat, [rid, TOK_A]) == ("busy",)
+        writer.commit()
+    assert _sql(pg_dsn, beat, [rid, TOK_A]) == ("renewed",)
