@@ -433,3 +433,31 @@ def test_the_order_guard_covers_a_transaction_older_than_the_upgrade(
             [w.ids["r"]],
         ).fetchone()
         assert row == (True,)
+
+
+def test_the_cli_reads_unmoved_rows_and_migrate_finishes_the_move(
+    pg_dsn: str, schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_cli import run
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        build_0017(conn, schema, tmp_path, monkeypatch)
+        w = Writer(conn, schema)
+        write_history(w)
+        upgrade_unmoved(conn, schema, monkeypatch)
+        with PostgresStore(pg_dsn, schema=schema, max_size=1) as store:
+            for key in ("held", "mutated", "revoked", "free"):
+                got = run(pg_dsn, schema, "get", "job", key, "--json")
+                assert got.returncode == 0, got.stderr
+                shown = json.loads(got.stdout)
+                state = store.get(w.ids[key])
+                assert (shown["revision"], shown["updated_at"]) == (
+                    state.revision,
+                    state.updated_at.isoformat(),
+                )
+                assert state.revision == (shown["last_event"] or {"revision": 0})["revision"]
+        # An interrupted move (here: never started) is finished by `pglease migrate`.
+        migrated = run(pg_dsn, schema, "migrate")
+        assert migrated.returncode == 0, migrated.stderr
+        assert "up to date" in migrated.stdout
+        assert unmoved(conn, schema) == 0
