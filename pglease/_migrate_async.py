@@ -14,7 +14,9 @@ import psycopg
 from psycopg import sql
 
 from ._migration_core import (
+    _CAN_MOVE,
     _EXISTS,
+    MOVE_CHUNK,
     Applied,
     MigrationState,
     _applied,
@@ -22,6 +24,8 @@ from ._migration_core import (
     _apply_statements,
     _functions_query,
     _lock_key,
+    _move_chunk_query,
+    _move_function,
     _refused,
     _state,
     _unreadable,
@@ -72,6 +76,8 @@ async def migrate_async(conn: psycopg.AsyncConnection[Any], schema: str = "pglea
 
     Returns what was applied (each has a `label`). Changes nothing, and needs
     no privilege beyond reading the migration tables, when the schema is current.
+    After applying anything it finishes the data moves of the migrations
+    (`move_revisions_async`), each chunk its own short transaction.
     """
     state = await migration_state_async(conn, schema)
     if state.up_to_date:
@@ -85,9 +91,42 @@ async def migrate_async(conn: psycopg.AsyncConnection[Any], schema: str = "pglea
             if state.functions is not None:
                 for statement in await regrant_statements_async(conn, schema):
                     await conn.execute(statement)
+        await move_revisions_async(conn, schema)
     except psycopg.errors.InsufficientPrivilege as exc:
         raise _refused(state, exc) from None
     return _applied(state)
+
+
+async def move_revisions_async(
+    conn: psycopg.AsyncConnection[Any], schema: str = "pglease", chunk: int = MOVE_CHUNK
+) -> int:
+    """Move the revisions of lease rows not written since migration 0018 into
+    the lease rows (sql/0018), `chunk` rows per transaction; returns how many
+    rows were looked at (0 when nothing was left).
+
+    Not needed for correctness (every reader and writer takes a row as moved
+    or not), but it lets writers and the order guard skip their fallback
+    reads. The position is kept in the schema, so a run that was interrupted
+    goes on where it stopped. Does nothing for a role that may not move rows
+    (only the schema owner may) or a schema before 0018. On a connection
+    that is inside a transaction the chunks are part of it: call it on an
+    idle one, so each chunk commits on its own and locks its rows briefly.
+    """
+    check_schema_name(schema)
+    cur = await conn.execute(_CAN_MOVE, [_move_function(schema)])
+    row = await cur.fetchone()
+    if row is None or not row[0]:
+        return 0
+    query = _move_chunk_query(schema)
+    total = 0
+    while True:
+        async with conn.transaction():
+            cur = await conn.execute(query, [chunk])
+            row = await cur.fetchone()
+        seen = int(row[0]) if row is not None and row[0] is not None else 0
+        if seen == 0:
+            return total
+        total += seen
 
 
 async def grant_async(

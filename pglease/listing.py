@@ -80,7 +80,8 @@ def _page_query(
         where.append("l.expires_at <= c.now + make_interval(secs => %s)")
         params.append("within")
     text = (
-        "SELECT r.id, r.type, r.key, r.revision, r.created_at, r.updated_at, l.generation,"
+        "SELECT r.id, r.type, r.key, coalesce(l.revision, r.revision), r.created_at,"
+        " coalesce(l.updated_at, r.updated_at), l.generation,"
         " l.owner_type, l.owner_id, l.acquired_at, l.heartbeat_at, l.expires_at, " + live + ","
         " c.now FROM (SELECT clock_timestamp() AS now) c"
         " CROSS JOIN {s}.resources r JOIN {s}.leases l ON l.resource_id = r.id"
@@ -154,7 +155,8 @@ def iter_resources(
 def _one_query(schema: str) -> sql.Composed:
     live = "(l.owner_id IS NOT NULL AND l.expires_at > c.now)"
     return sql.SQL(
-        "SELECT r.id, r.type, r.key, r.revision, r.created_at, r.updated_at, l.generation,"
+        "SELECT r.id, r.type, r.key, coalesce(l.revision, r.revision), r.created_at,"
+        " coalesce(l.updated_at, r.updated_at), l.generation,"
         " l.owner_type, l.owner_id, l.acquired_at, l.heartbeat_at, l.expires_at, " + live + ","
         " c.now FROM (SELECT clock_timestamp() AS now) c"
         " CROSS JOIN {s}.resources r JOIN {s}.leases l ON l.resource_id = r.id WHERE r.id = %s"

@@ -94,7 +94,8 @@ def host_main(
 
     insert = (
         f'INSERT INTO "{schema}".chaos_writes (write_id, resource_id, revision, generation, host)'
-        f' SELECT %s, %s, revision, %s, %s FROM "{schema}".resources WHERE id = %s'
+        f' SELECT %s, %s, coalesce(l.revision, r.revision), %s, %s FROM "{schema}".leases l'
+        f' JOIN "{schema}".resources r ON r.id = l.resource_id WHERE l.resource_id = %s'
     ).encode()
 
     def worker(w: int) -> None:

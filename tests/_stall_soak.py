@@ -182,7 +182,8 @@ class _Host:
         ).encode()
         self.insert = (
             f"INSERT INTO {q}.soak_writes (write_id, resource_id, seq, revision, generation, host)"
-            f" SELECT %s, %s, %s, revision, %s, %s FROM {q}.resources WHERE id = %s"
+            f" SELECT %s, %s, %s, coalesce(l.revision, r.revision), %s, %s FROM {q}.leases l"
+            f" JOIN {q}.resources r ON r.id = l.resource_id WHERE l.resource_id = %s"
         ).encode()
 
     # ------------------------------------------------------------ call records

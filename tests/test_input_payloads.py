@@ -136,8 +136,10 @@ def _inject_postgres(b: PostgresBackend, rid: str, body: str) -> int:
         )
         row = conn.execute(
             psycopg.sql.SQL(
-                "UPDATE {s}.resources SET revision = revision + 1, updated_at = clock_timestamp()"
-                " WHERE id = %s RETURNING revision"
+                "UPDATE {s}.leases x SET revision = coalesce(x.revision, (SELECT r.revision"
+                " FROM {s}.resources r WHERE r.id = x.resource_id)) + 1,"
+                " updated_at = clock_timestamp(), last_xid = pg_current_xact_id()"
+                " WHERE x.resource_id = %s RETURNING x.revision"
             ).format(s=s),
             [rid],
         ).fetchone()

@@ -118,7 +118,8 @@ def events(conn: psycopg.Connection[Any], s: str) -> list[tuple[Any, ...]]:
 
 def state(conn: psycopg.Connection[Any], s: str) -> list[tuple[Any, ...]]:
     return conn.execute(
-        f"SELECT r.id, r.revision, l.generation, l.owner_id, l.expired_generation"
+        f"SELECT r.id, coalesce(l.revision, r.revision), l.generation, l.owner_id,"
+        f" l.expired_generation"
         f" FROM {s}.resources r JOIN {s}.leases l ON l.resource_id = r.id ORDER BY r.id"
     ).fetchall()
 

@@ -142,7 +142,11 @@ def outcome(
         f" created_at FROM {s}.events WHERE xid = pg_current_xact_id() ORDER BY id"
     ).fetchall()
     lease = conn.execute(
-        f"SELECT l.*, r.revision, r.updated_at FROM {s}.leases l"
+        # last_xid is this transaction's id: compared as "set by this call".
+        f"SELECT l.resource_id, l.generation, l.owner_type, l.owner_id, l.token_sha256,"
+        f" l.acquired_at, l.heartbeat_at, l.expires_at, l.expired_generation, l.revoked_until,"
+        f" l.revision, l.updated_at, l.last_xid = pg_current_xact_id(),"
+        f" r.revision, r.updated_at FROM {s}.leases l"
         f" JOIN {s}.resources r ON r.id = l.resource_id WHERE l.resource_id = %s",
         [rid],
     ).fetchall()
@@ -225,7 +229,10 @@ class States:
 
     def revision(self, rid: str) -> int:
         row = self.conn.execute(
-            f'SELECT revision FROM "{self.schema}".resources WHERE id = %s', [rid]
+            f'SELECT coalesce(l.revision, r.revision) FROM "{self.schema}".leases l'
+            f' JOIN "{self.schema}".resources r ON r.id = l.resource_id'
+            " WHERE l.resource_id = %s",
+            [rid],
         ).fetchone()
         self.conn.rollback()
         return int(row[0]) if row else 0
@@ -587,7 +594,11 @@ def mutate_outcome(
         " WHERE xid = pg_current_xact_id() ORDER BY id"
     ).fetchall()
     lease = conn.execute(
-        f"SELECT l.*, r.revision, r.updated_at FROM {s}.leases l"
+        # last_xid is this transaction's id: compared as "set by this call".
+        f"SELECT l.resource_id, l.generation, l.owner_type, l.owner_id, l.token_sha256,"
+        f" l.acquired_at, l.heartbeat_at, l.expires_at, l.expired_generation, l.revoked_until,"
+        f" l.revision, l.updated_at, l.last_xid = pg_current_xact_id(),"
+        f" r.revision, r.updated_at FROM {s}.leases l"
         f" JOIN {s}.resources r ON r.id = l.resource_id WHERE l.resource_id = %s",
         [rid],
     ).fetchall()

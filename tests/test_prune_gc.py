@@ -200,13 +200,18 @@ def test_writer_between_payload_and_event_keeps_its_payload(
     pg_store: PostgresStore, pg_dsn: str, schema: str
 ) -> None:
     """Writer first: mutate_begin has locked the reused payload and is held
-    (by a third transaction locking the resource row) before it inserts its
+    (by a third transaction holding an uncommitted event of the same
+    revision: its insert waits on the unique index) before it inserts its
     event. Prune deletes the old event but must leave the payload alone."""
     rid = pg_store.ensure_resource("run", "race1")
     payload = {"reused": 1}
     old_event(pg_store, rid, payload)
     with psycopg.connect(pg_dsn) as gate:
-        gate.execute(f'SELECT 1 FROM "{schema}".resources WHERE id = %s FOR UPDATE', [rid])
+        gate.execute(
+            f'INSERT INTO "{schema}".events (resource_id, revision, type)'
+            " VALUES (%s, 2, 'gate.hold')",
+            [rid],
+        )
         writer = Background(lambda: pg_store.mutate(Permit(rid, 1), "run.new", payload=payload))
         wait_until(lambda: lock_waiters(pg_dsn, f'"{schema}".mutate_begin') == 1)
         # The writer is inside mutate_begin, past its payload step, waiting in _bump.

@@ -75,12 +75,16 @@ def _current_claim(store: PostgresStore, args: argparse.Namespace) -> Claim:
 def cmd_migrate(args: argparse.Namespace) -> int:
     # migrate is the explicit form of auto-migration: --no-migrate does not apply.
     note_embedded(args)
-    from ..migrations import grant, migrate, revoke
+    from ..migrations import grant, migrate, move_revisions, revoke
     from ..roles import RoleKind
 
     # A direct connection: a store refuses to open a schema with pending work.
     with connect_direct(args) as conn:
         applied = [m.label for m in migrate(conn, args.schema)]
+        if not applied:
+            # Finish a chunked data move an earlier run left unfinished (it
+            # is interrupted safely; a no-op when done or for a non-owner).
+            move_revisions(conn, args.schema)
         grants: list[tuple[str, RoleKind]] = [(r, "client") for r in args.grant_client or []]
         grants += [(r, "reader") for r in args.grant_reader or []]
         for role, kind in grants:

@@ -51,7 +51,8 @@ class Queries:
         # `held` is judged once per statement by `_clock_now`: the database
         # clock, or a test time where the schema's owner switched that on.
         resource_cols = (
-            "r.id, r.type, r.key, r.revision, r.created_at, r.updated_at, l.generation,"
+            "r.id, r.type, r.key, coalesce(l.revision, r.revision), r.created_at,"
+            " coalesce(l.updated_at, r.updated_at), l.generation,"
             " l.owner_type, l.owner_id, l.acquired_at, l.heartbeat_at, l.expires_at,"
             " (l.owner_id IS NOT NULL AND l.expires_at > c.now)"
         )

@@ -104,6 +104,7 @@ RETURNS text LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_id text;
+    v_at timestamptz;
 BEGIN
     IF p_type IS NULL OR p_type !~ '^[a-z][a-z0-9_]{0,62}$' THEN
         RAISE EXCEPTION 'resource type % must match [a-z][a-z0-9_]{0,62}',
@@ -116,11 +117,59 @@ BEGIN
     v_id := p_type || '-' || left(encode(sha256(
         convert_to(p_type, 'UTF8') || '\x00'::bytea || convert_to(p_key, 'UTF8')), 'hex'), 40);
     INSERT INTO @schema@.resources (id, type, key) VALUES (v_id, p_type, p_key)
-        ON CONFLICT DO NOTHING;
+        ON CONFLICT DO NOTHING RETURNING updated_at INTO v_at;
     IF FOUND THEN
-        INSERT INTO @schema@.leases (resource_id) VALUES (v_id);
+        -- The revision lives in the lease row (sql/0018): revision 0, at the
+        -- resource's creation, so a new row never needs moving.
+        INSERT INTO @schema@.leases (resource_id, revision, updated_at) VALUES (v_id, 0, v_at);
     END IF;
     RETURN v_id;
+END $$;
+
+-- Move the revision of up to p_limit lease rows not written since migration
+-- 0018 into the lease row, in resource-id order after the position kept in
+-- lease_row_moves; returns how many rows it looked at (0: nothing is left).
+-- One call is one short transaction (the migration runner drives the calls,
+-- see pglease/_migrate_async.py): it locks only the rows it moves, with SKIP
+-- LOCKED, so it never waits for a writer, and a writer waits for it at most
+-- one chunk. A skipped row is moved by its writer (every writer sets the
+-- revision) or stays NULL, which readers coalesce: correct either way.
+-- `last_xid` is left NULL: the order guard looks a moved row's previous
+-- event up until its next write. The schema owner's job: no role is granted it.
+CREATE OR REPLACE FUNCTION @schema@.move_revisions_chunk(p_limit integer)
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_after text;
+    v_last text;
+    v_seen integer;
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'limit must be between 1 and 100000, got %', coalesce(p_limit::text, 'NULL')
+            USING ERRCODE = 'PGL20';
+    END IF;
+    -- Locked: two runners at once take turns instead of moving the same rows.
+    SELECT m.after_resource INTO v_after FROM @schema@.lease_row_moves m
+     WHERE NOT m.done FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    SELECT count(*)::integer, max(c.resource_id) INTO v_seen, v_last
+      FROM (SELECT x.resource_id FROM @schema@.leases x WHERE x.resource_id > v_after
+             ORDER BY x.resource_id LIMIT p_limit) c;
+    IF v_seen = 0 THEN
+        UPDATE @schema@.lease_row_moves SET done = true;
+        RETURN 0;
+    END IF;
+    UPDATE @schema@.leases l SET revision = r.revision, updated_at = r.updated_at
+      FROM @schema@.resources r
+     WHERE l.resource_id IN (SELECT x.resource_id FROM @schema@.leases x
+                              WHERE x.resource_id > v_after AND x.resource_id <= v_last
+                                AND x.revision IS NULL
+                              ORDER BY x.resource_id FOR UPDATE SKIP LOCKED)
+       AND r.id = l.resource_id AND l.revision IS NULL;
+    UPDATE @schema@.lease_row_moves SET after_resource = v_last;
+    RETURN v_seen;
 END $$;
 
 -- Lock the lease row first in every writing function: one lock order, no deadlocks.
@@ -158,7 +207,9 @@ DECLARE
     v_rev bigint;
 BEGIN
     IF p_expected_revision IS NOT NULL THEN
-        SELECT revision INTO v_rev FROM @schema@.resources WHERE id = p_resource;
+        SELECT coalesce(l.revision, (SELECT r.revision FROM @schema@.resources r
+                                      WHERE r.id = l.resource_id))
+          INTO v_rev FROM @schema@.leases l WHERE l.resource_id = p_resource;
         IF v_rev <> p_expected_revision THEN
             RAISE EXCEPTION 'resource % is at revision %, expected %',
                 p_resource, v_rev, p_expected_revision
@@ -196,12 +247,18 @@ BEGIN
 END $$;
 
 -- Bump the revision and append the event; then the order guard and the
--- coalesced wake-up.
+-- coalesced wake-up. The caller holds the lease row's lock.
+--  * revision: kept in the lease row since sql/0018 (one row update per
+--    operation, not a lease and a resource update); a row not written since
+--    then continues from the resource's frozen revision.
 --  * order guard: readers deliver events in (xid, id) order, so a resource's
 --    revision n+1 must not carry a smaller xid than revision n. That can only
 --    happen to a transaction that took its xid before waiting for the lease
 --    row lock (several writes in one transaction); it is refused as a
---    serialization failure, which clients retry.
+--    serialization failure, which clients retry. Revision n's xid is the lease
+--    row's last_xid (each event writer sets it); NULL on a row not written
+--    since the migration, whose previous event is looked up instead: a
+--    transaction that took its xid before the migration may write after it.
 --  * wake-up: every writer takes key 2 (shared, to its commit) BEFORE it
 --    tries key 1, so a watcher's probe (watch_read) sees every writer that
 --    may be relying on someone else's NOTIFY, even one whose xid is above the
@@ -221,21 +278,30 @@ DECLARE
 BEGIN
     -- One statement: the bump, the append, and the previous revision's xid
     -- for the order guard (each statement of a PL/pgSQL body costs an
-    -- executor start and a snapshot; see bench/RESULTS.md, server cost).
-    WITH r AS (
-        UPDATE @schema@.resources SET revision = revision + 1, updated_at = p_now
-         WHERE id = p_resource RETURNING resources.revision),
+    -- executor start and a snapshot; see bench/RESULTS.md, server cost). The
+    -- RETURNING subquery reads the row as it was before this statement (a
+    -- statement does not see its own changes).
+    WITH u AS (
+        UPDATE @schema@.leases x
+           SET revision = coalesce(x.revision, (SELECT r.revision FROM @schema@.resources r
+                                                 WHERE r.id = x.resource_id)) + 1,
+               updated_at = p_now, last_xid = pg_current_xact_id()
+         WHERE x.resource_id = p_resource
+        RETURNING x.revision,
+                  (SELECT o.last_xid FROM @schema@.leases o WHERE o.resource_id = p_resource)
+                      AS prev_xid),
     e AS (
         INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
                                      lease_generation, lease_expires_at, payload_sha256,
                                      created_at)
-        SELECT p_resource, r.revision, p_type, p_actor_type, p_actor_id,
-               p_generation, p_expires_at, p_payload_sha256, p_now FROM r
+        SELECT p_resource, u.revision, p_type, p_actor_type, p_actor_id,
+               p_generation, p_expires_at, p_payload_sha256, p_now FROM u
         RETURNING events.id)
-    SELECT r.revision, e.id,
-           (SELECT x.xid FROM @schema@.events x
-             WHERE x.resource_id = p_resource AND x.revision = r.revision - 1)
-      INTO _bump.revision, _bump.event_id, v_prev FROM r, e;
+    SELECT u.revision, e.id,
+           coalesce(u.prev_xid,
+                    (SELECT x.xid FROM @schema@.events x
+                      WHERE x.resource_id = p_resource AND x.revision = u.revision - 1))
+      INTO _bump.revision, _bump.event_id, v_prev FROM u, e;
     IF v_prev > pg_current_xact_id() THEN
         RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
             _bump.revision, p_resource, _bump.revision - 1
@@ -309,9 +375,11 @@ BEGIN
         -- time it frees.
         SELECT false, l2.generation,
                CASE WHEN l2.owner_id IS NULL THEN l2.revoked_until ELSE l2.expires_at END,
-               r.revision, l2.owner_type, l2.owner_id
+               coalesce(l2.revision, (SELECT r.revision FROM @schema@.resources r
+                                       WHERE r.id = l2.resource_id)),
+               l2.owner_type, l2.owner_id
           INTO claimed, generation, expires_at, revision, holder_type, holder_id
-          FROM @schema@.leases l2 JOIN @schema@.resources r ON r.id = l2.resource_id
+          FROM @schema@.leases l2
          WHERE l2.resource_id = p_resource
            AND ((l2.owner_id IS NOT NULL AND l2.expires_at > v_now)
                 OR l2.revoked_until > v_now);
@@ -327,30 +395,35 @@ BEGIN
         -- goes the locked way below.
         PERFORM pg_advisory_xact_lock(hashtextextended(p_resource, hashtext('@schema@')));
         v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE v_now END;
+        -- The revision bump and the order guard's xid are in the same row
+        -- (see _bump); the RETURNING subquery reads the row as it was.
         UPDATE @schema@.leases x SET generation = x.generation + 1, owner_type = p_owner_type,
             owner_id = p_owner_id, token_sha256 = p_token_sha256, acquired_at = v_now,
-            heartbeat_at = v_now, expires_at = v_now + make_interval(secs => p_ttl)
+            heartbeat_at = v_now, expires_at = v_now + make_interval(secs => p_ttl),
+            revision = coalesce(x.revision, (SELECT r.revision FROM @schema@.resources r
+                                              WHERE r.id = x.resource_id)) + 1,
+            updated_at = v_now, last_xid = pg_current_xact_id()
          WHERE x.resource_id = p_resource
            AND (x.owner_id IS NULL
                 OR (x.expires_at <= v_now AND x.expired_generation IS NOT DISTINCT FROM x.generation))
            AND (x.revoked_until IS NULL OR x.revoked_until <= v_now)
-        RETURNING x.generation, x.expires_at INTO generation, expires_at;
+        RETURNING x.generation, x.expires_at, x.revision,
+                  (SELECT o.last_xid FROM @schema@.leases o WHERE o.resource_id = p_resource)
+             INTO generation, expires_at, revision, v_prev;
         IF FOUND THEN
             claimed := true;
             holder_type := p_owner_type;
             holder_id := p_owner_id;
-            WITH r AS (
-                UPDATE @schema@.resources SET revision = revision + 1, updated_at = v_now
-                 WHERE id = p_resource RETURNING resources.revision),
-            e AS (
+            WITH e AS (
                 INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
                                              lease_generation, lease_expires_at, created_at)
-                SELECT p_resource, r.revision, 'lease.claimed', p_owner_type, p_owner_id,
-                       _claim_cold.generation, _claim_cold.expires_at, v_now FROM r)
-            SELECT r.revision,
-                   (SELECT x.xid FROM @schema@.events x
-                     WHERE x.resource_id = p_resource AND x.revision = r.revision - 1)
-              INTO revision, v_prev FROM r;
+                VALUES (p_resource, _claim_cold.revision, 'lease.claimed', p_owner_type,
+                        p_owner_id, _claim_cold.generation, _claim_cold.expires_at, v_now))
+            SELECT coalesce(v_prev,
+                            (SELECT x.xid FROM @schema@.events x
+                              WHERE x.resource_id = p_resource
+                                AND x.revision = _claim_cold.revision - 1))
+              INTO v_prev;
             IF v_prev > pg_current_xact_id() THEN
                 RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
                     revision, p_resource, revision - 1
@@ -369,15 +442,19 @@ BEGIN
     -- Judge expiry after the lock wait, by the database clock.
     v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
     IF l.owner_id IS NOT NULL AND l.expires_at > v_now THEN
-        SELECT false, l.generation, l.expires_at, r.revision, l.owner_type, l.owner_id
-          INTO claimed, generation, expires_at, revision, holder_type, holder_id
-          FROM @schema@.resources r WHERE r.id = p_resource;
+        SELECT false, l.generation, l.expires_at,
+               coalesce(l.revision, (SELECT r.revision FROM @schema@.resources r
+                                      WHERE r.id = p_resource)),
+               l.owner_type, l.owner_id
+          INTO claimed, generation, expires_at, revision, holder_type, holder_id;
         RETURN;
     END IF;
     IF l.revoked_until > v_now THEN
-        SELECT false, l.generation, l.revoked_until, r.revision, NULL, NULL
-          INTO claimed, generation, expires_at, revision, holder_type, holder_id
-          FROM @schema@.resources r WHERE r.id = p_resource;
+        SELECT false, l.generation, l.revoked_until,
+               coalesce(l.revision, (SELECT r.revision FROM @schema@.resources r
+                                      WHERE r.id = p_resource)),
+               NULL, NULL
+          INTO claimed, generation, expires_at, revision, holder_type, holder_id;
         RETURN;
     END IF;
     IF l.owner_id IS NOT NULL AND l.expired_generation IS DISTINCT FROM l.generation THEN
@@ -456,14 +533,22 @@ BEGIN
     END IF;
     -- The queue lock, then one UPDATE that is both the currency check and
     -- the release: it takes the row lock itself (re-judging the newest row
-    -- if it waited), so no separate SELECT ... FOR UPDATE is needed.
+    -- if it waited), so no separate SELECT ... FOR UPDATE is needed. It bumps
+    -- the revision in the same row and returns the order guard's previous
+    -- xid as the row was (see _bump).
     PERFORM pg_advisory_xact_lock(hashtextextended(p_resource, hashtext('@schema@')));
     v_now := CASE WHEN p_now IS NULL THEN clock_timestamp() ELSE @schema@._clock_now(p_now) END;
     UPDATE @schema@.leases x SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL,
-        expires_at = NULL, heartbeat_at = v_now
+        expires_at = NULL, heartbeat_at = v_now,
+        revision = coalesce(x.revision, (SELECT r.revision FROM @schema@.resources r
+                                          WHERE r.id = x.resource_id)) + 1,
+        updated_at = v_now, last_xid = pg_current_xact_id()
      WHERE x.resource_id = p_resource AND x.owner_type = p_owner_type
        AND x.owner_id = p_owner_id AND x.generation = p_generation
-       AND x.token_sha256 = p_token_sha256;
+       AND x.token_sha256 = p_token_sha256
+    RETURNING x.revision,
+              (SELECT o.last_xid FROM @schema@.leases o WHERE o.resource_id = p_resource)
+         INTO revision, v_prev;
     IF NOT FOUND THEN
         SELECT * INTO l FROM @schema@.leases x WHERE x.resource_id = p_resource;
         IF NOT FOUND THEN
@@ -476,26 +561,26 @@ BEGIN
             p_generation, p_owner_type, p_owner_id, p_resource USING ERRCODE = 'PGL03';
     END IF;
     IF p_expected_revision IS NOT NULL THEN
-        -- Under the queue lock and the row lock no one else bumps the revision.
-        SELECT r.revision INTO v_rev FROM @schema@.resources r WHERE r.id = p_resource;
+        -- Under the queue lock and the row lock no one else bumps the
+        -- revision; the one the release found is the one before its bump
+        -- (a refusal rolls the bump back).
+        v_rev := revision - 1;
         IF v_rev <> p_expected_revision THEN
             RAISE EXCEPTION 'resource % is at revision %, expected %',
                 p_resource, v_rev, p_expected_revision
                 USING ERRCODE = 'PGL02', DETAIL = v_rev::text;
         END IF;
     END IF;
-    WITH r AS (
-        UPDATE @schema@.resources SET revision = revision + 1, updated_at = v_now
-         WHERE id = p_resource RETURNING resources.revision),
-    e AS (
+    WITH e AS (
         INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
                                      lease_generation, lease_expires_at, created_at)
-        SELECT p_resource, r.revision, 'lease.released', p_owner_type, p_owner_id,
-               p_generation, NULL::timestamptz, v_now FROM r)
-    SELECT r.revision,
-           (SELECT x.xid FROM @schema@.events x
-             WHERE x.resource_id = p_resource AND x.revision = r.revision - 1)
-      INTO revision, v_prev FROM r;
+        VALUES (p_resource, _release_cold.revision, 'lease.released', p_owner_type, p_owner_id,
+                p_generation, NULL::timestamptz, v_now))
+    SELECT coalesce(v_prev,
+                    (SELECT x.xid FROM @schema@.events x
+                      WHERE x.resource_id = p_resource
+                        AND x.revision = _release_cold.revision - 1))
+      INTO v_prev;
     IF v_prev > pg_current_xact_id() THEN
         RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
             revision, p_resource, revision - 1
@@ -511,8 +596,9 @@ END $$;
 -- The entry points claim, renew and release: one statement on the way that
 -- succeeds.
 --
--- Each runs as one guarded UPDATE of the lease row, with the revision bump,
--- the event and the wake-up election in the same statement (CTEs): each
+-- Each runs as one guarded UPDATE of the lease row, which also bumps the
+-- revision kept in that row (sql/0018: no second row to update), with the
+-- event and the wake-up election in the same statement (CTEs): each
 -- statement of a PL/pgSQL body pays an executor start and a snapshot, and
 -- that, not the work, was most of an operation's server time (bench/RESULTS.md,
 -- server cost). Everything else (bad arguments, an unknown resource, a lease
@@ -539,7 +625,10 @@ END $$;
 --    statement. Its id is then assigned in the UPDATE, after the queue lock,
 --    so after the previous writer of the resource committed: the previous
 --    revision's xid is smaller and the guard could not fire. A transaction
---    that already has an id takes the cold way, which checks it.
+--    that already has an id takes the cold way, which checks it. The UPDATE
+--    still records its xid in the row (last_xid), for the next cold writer's
+--    guard; pg_current_xact_id() in the SET list is evaluated after the
+--    WHERE, so the id is still assigned after the queue lock.
 --  * inputs: a resource id, owner, generation or token that equals the lease
 --    row's is one of the row's own, written by a checked claim; only what
 --    the row does not vouch for (claim's owner and token, the TTL) is
@@ -564,10 +653,13 @@ BEGIN
             UPDATE @schema@.leases x
                SET generation = x.generation + 1, owner_type = p_owner_type,
                    owner_id = p_owner_id, token_sha256 = p_token_sha256,
+                   revision = coalesce(x.revision, (SELECT r.revision FROM @schema@.resources r
+                                                     WHERE r.id = x.resource_id)) + 1,
+                   last_xid = pg_current_xact_id(),
                    -- (The CASE keeps a custom plan from folding a bad TTL
                    -- into an error before the WHERE has refused it.)
-                   (acquired_at, heartbeat_at, expires_at) = (
-                       SELECT n.t, n.t,
+                   (acquired_at, heartbeat_at, updated_at, expires_at) = (
+                       SELECT n.t, n.t, n.t,
                               n.t + make_interval(secs => CASE WHEN p_ttl BETWEEN 0.001
                                                                AND 604800 THEN p_ttl END)
                          FROM (SELECT CASE WHEN p_now IS NULL THEN clock_timestamp()
@@ -590,16 +682,12 @@ BEGIN
                         THEN pg_advisory_xact_lock(
                                  hashtextextended(p_resource, hashtext('@schema@'))) IS NOT NULL
                         ELSE false END
-            RETURNING x.generation, x.expires_at, x.acquired_at),
-        r AS (
-            UPDATE @schema@.resources x SET revision = x.revision + 1, updated_at = g.acquired_at
-              FROM g WHERE x.id = p_resource
-            RETURNING x.revision),
+            RETURNING x.generation, x.expires_at, x.acquired_at, x.revision),
         e AS (
             INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
                                          lease_generation, lease_expires_at, created_at)
-            SELECT p_resource, r.revision, 'lease.claimed', p_owner_type, p_owner_id,
-                   g.generation, g.expires_at, g.acquired_at FROM g, r
+            SELECT p_resource, g.revision, 'lease.claimed', p_owner_type, p_owner_id,
+                   g.generation, g.expires_at, g.acquired_at FROM g
             RETURNING events.revision)
         -- The wake-up election of _bump, after the event row: K2 shared
         -- first, then K1; a writer that cannot get K2 notifies itself.
@@ -615,8 +703,10 @@ BEGIN
         UNION ALL
         SELECT false, l.generation,
                CASE WHEN l.owner_id IS NULL THEN l.revoked_until ELSE l.expires_at END,
-               s.revision, l.owner_type, l.owner_id, false
-          FROM @schema@.leases l JOIN @schema@.resources s ON s.id = l.resource_id
+               coalesce(l.revision, (SELECT s.revision FROM @schema@.resources s
+                                      WHERE s.id = l.resource_id)),
+               l.owner_type, l.owner_id, false
+          FROM @schema@.leases l
          WHERE NOT EXISTS (SELECT FROM g) AND l.resource_id = p_resource
            AND p_owner_type ~ '^[a-z][a-z0-9_]{0,62}$'
            AND p_owner_id <> '' AND octet_length(p_owner_id) <= 256
@@ -650,8 +740,11 @@ BEGIN
     IF p_expected_revision IS NULL AND pg_current_xact_id_if_assigned() IS NULL THEN
         WITH g AS (
             UPDATE @schema@.leases x
-               SET (heartbeat_at, expires_at) = (
-                       SELECT n.t,
+               SET revision = coalesce(x.revision, (SELECT r.revision FROM @schema@.resources r
+                                                     WHERE r.id = x.resource_id)) + 1,
+                   last_xid = pg_current_xact_id(),
+                   (heartbeat_at, updated_at, expires_at) = (
+                       SELECT n.t, n.t,
                               n.t + make_interval(secs => CASE WHEN p_ttl BETWEEN 0.001
                                                                AND 604800 THEN p_ttl END)
                          FROM (SELECT CASE WHEN p_now IS NULL THEN clock_timestamp()
@@ -671,16 +764,12 @@ BEGIN
                                                            ELSE @schema@._clock_now(p_now) END
                                   END
                         ELSE false END
-            RETURNING x.expires_at, x.heartbeat_at),
-        r AS (
-            UPDATE @schema@.resources x SET revision = x.revision + 1, updated_at = g.heartbeat_at
-              FROM g WHERE x.id = p_resource
-            RETURNING x.revision),
+            RETURNING x.expires_at, x.heartbeat_at, x.revision),
         e AS (
             INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
                                          lease_generation, lease_expires_at, created_at)
-            SELECT p_resource, r.revision, 'lease.renewed', p_owner_type, p_owner_id,
-                   p_generation, g.expires_at, g.heartbeat_at FROM g, r
+            SELECT p_resource, g.revision, 'lease.renewed', p_owner_type, p_owner_id,
+                   p_generation, g.expires_at, g.heartbeat_at FROM g
             RETURNING events.revision)
         SELECT g.expires_at, e.revision,
                CASE WHEN NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'),
@@ -715,8 +804,13 @@ BEGIN
         WITH g AS (
             UPDATE @schema@.leases x
                SET owner_type = NULL, owner_id = NULL, token_sha256 = NULL, expires_at = NULL,
-                   heartbeat_at = CASE WHEN p_now IS NULL THEN clock_timestamp()
-                                       ELSE @schema@._clock_now(p_now) END
+                   revision = coalesce(x.revision, (SELECT r.revision FROM @schema@.resources r
+                                                     WHERE r.id = x.resource_id)) + 1,
+                   last_xid = pg_current_xact_id(),
+                   (heartbeat_at, updated_at) = (
+                       SELECT n.t, n.t
+                         FROM (SELECT CASE WHEN p_now IS NULL THEN clock_timestamp()
+                                           ELSE @schema@._clock_now(p_now) END AS t) n)
              WHERE x.resource_id = p_resource
                AND CASE WHEN x.owner_id = p_owner_id AND x.owner_type = p_owner_type
                              AND x.generation = p_generation
@@ -724,16 +818,12 @@ BEGIN
                         THEN pg_advisory_xact_lock(
                                  hashtextextended(p_resource, hashtext('@schema@'))) IS NOT NULL
                         ELSE false END
-            RETURNING x.heartbeat_at),
-        r AS (
-            UPDATE @schema@.resources x SET revision = x.revision + 1, updated_at = g.heartbeat_at
-              FROM g WHERE x.id = p_resource
-            RETURNING x.revision),
+            RETURNING x.heartbeat_at, x.revision),
         e AS (
             INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
                                          lease_generation, lease_expires_at, created_at)
-            SELECT p_resource, r.revision, 'lease.released', p_owner_type, p_owner_id,
-                   p_generation, NULL::timestamptz, g.heartbeat_at FROM g, r
+            SELECT p_resource, g.revision, 'lease.released', p_owner_type, p_owner_id,
+                   p_generation, NULL::timestamptz, g.heartbeat_at FROM g
             RETURNING events.revision)
         SELECT e.revision,
                CASE WHEN NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'),
@@ -1043,16 +1133,23 @@ BEGIN
             SELECT g.t, g.expires_at, g.h FROM g
              WHERE g.body IS NULL OR EXISTS (SELECT FROM pi)
                 OR EXISTS (SELECT FROM po WHERE po.body = g.body)),
-        -- The revision bump and its check, in this one CTE (the revision
-        -- lives in `resources`; a port that moves it into the lease row
-        -- changes only this CTE and `l`). Under the queue lock no one else
-        -- bumps it; a bump committed while this statement queued is seen
-        -- (READ COMMITTED re-judges the row it updates).
+        -- The revision bump and its check, in the lease row `l` locked
+        -- (migration 0018: a row not moved yet still reads its revision
+        -- from `resources`). Under the queue lock no one else bumps it; a
+        -- bump committed while this statement queued is seen (READ
+        -- COMMITTED re-judges the row it updates). The transaction got its
+        -- xid after the queue lock, so the order guard could not fire; the
+        -- row records it for the next cold writer's guard.
         r AS (
-            UPDATE @schema@.resources x SET revision = x.revision + 1, updated_at = pay.t
+            UPDATE @schema@.leases x
+               SET revision = coalesce(x.revision, (SELECT s.revision FROM @schema@.resources s
+                                                     WHERE s.id = x.resource_id)) + 1,
+                   updated_at = pay.t, last_xid = pg_current_xact_id()
               FROM pay
-             WHERE x.id = p_resource
-               AND (p_expected_revision IS NULL OR x.revision = p_expected_revision)
+             WHERE x.resource_id = p_resource
+               AND (p_expected_revision IS NULL
+                    OR coalesce(x.revision, (SELECT s.revision FROM @schema@.resources s
+                                              WHERE s.id = x.resource_id)) = p_expected_revision)
             RETURNING x.revision),
         e AS (
             INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
@@ -1144,7 +1241,8 @@ BEGIN
     IF l.owner_id IS NULL THEN
         revoked := false;
         generation := l.generation;
-        SELECT r.revision INTO revision FROM @schema@.resources r WHERE r.id = p_resource;
+        revision := coalesce(l.revision, (SELECT r.revision FROM @schema@.resources r
+                                           WHERE r.id = p_resource));
         RETURN;
     END IF;
     revoked := true;

@@ -178,7 +178,8 @@ BEGIN
         -- waited for (see revoke_lease), the time it frees.
         expires_at := CASE WHEN l.owner_id IS NOT NULL THEN l.expires_at
                            WHEN l.revoked_until > v_now THEN l.revoked_until END;
-        SELECT r.revision INTO revision FROM @schema@.resources r WHERE r.id = p_resource;
+        revision := coalesce(l.revision, (SELECT r.revision FROM @schema@.resources r
+                                           WHERE r.id = p_resource));
         RETURN;
     END IF;
     -- `claim` locks the same lease row again (re-entrant in one transaction).
