@@ -18,11 +18,17 @@ client count, so other load on the machine hits every side alike; the median
 per side is printed with each round's ratio and the load average at the start
 and the end.
 
+`--floor` adds a fourth side, `floor`: the same script on set-based batch
+functions (bench/batch_floor.sql, one statement for all items; see its
+header for what it leaves out), to show what the per-item design leaves on
+the table.
+
 `--cpu CYCLES` instead measures server CPU per lease in one backend, no client
 or network in the loop (as `server_cost.py --cpu`): each side in a procedure
 that commits after every statement, the backend's own CPU time from /proc.
 
     .venv/bin/python bench/batch_cost.py [--seconds 5] [--rounds 3] [--clients 1,8]
+    .venv/bin/python bench/batch_cost.py --floor --clients 8
     .venv/bin/python bench/batch_cost.py --cpu 2000 [--rounds 5]
 """
 
@@ -98,6 +104,21 @@ GENERATIONS = {
 }
 
 
+FLOOR_SQL = Path(__file__).resolve().parent / "batch_floor.sql"
+
+
+def add_floor(dsn: str) -> None:
+    """The `floor` side: bench/batch_floor.sql's functions in the bench schema."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(FLOOR_SQL.read_text(encoding="utf-8").replace("@schema@", SCHEMA).encode())
+    SCRIPTS["floor"] = (
+        batch(SCHEMA)
+        .replace(".claim_many(", ".claim_many_floor(")
+        .replace(".release_many(", ".release_many_floor(")
+    )
+    GENERATIONS["floor"] = GENERATIONS["batch"]
+
+
 def _generations(dsn: str, side: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(GENERATIONS[side]).fetchone()
@@ -128,9 +149,11 @@ def run(pgbench: str, dsn: str, side: str, clients: int, seconds: int) -> float:
 
 def compare(pgbench: str, dsn: str, clients: list[int], seconds: int, rounds: int) -> None:
     sides = list(SCRIPTS)
+    floor = "floor" in SCRIPTS
     print(
         f"{'clients':>7} {'raw /s':>9} {'batch /s':>9} {'ours /s':>9} {'batch/raw':>9}"
         f" {'batch/ours':>10} {'rounds (batch/raw)':>22} {'load':>11}"
+        + (f" {'floor /s':>9} {'floor/raw':>9}" if floor else "")
     )
     for n in clients:
         at_start = load()
@@ -145,7 +168,8 @@ def compare(pgbench: str, dsn: str, clients: list[int], seconds: int, rounds: in
         print(
             f"{n:>7} {med['raw']:>9.0f} {med['batch']:>9.0f} {med['ours']:>9.0f}"
             f" {med['batch'] / med['raw']:>9.2f} {med['batch'] / med['ours']:>10.2f}"
-            f" {per_round:>22} {at_start + '>' + load():>11}",
+            f" {per_round:>22} {at_start + '>' + load():>11}"
+            + (f" {med['floor']:>9.0f} {med['floor'] / med['raw']:>9.2f}" if floor else ""),
             flush=True,
         )
 
@@ -199,6 +223,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", default="1,8")
+    parser.add_argument("--floor", action="store_true", help="also the set-based floor")
     parser.add_argument(
         "--cpu", type=int, metavar="CYCLES", help="server CPU per lease in one backend instead"
     )
@@ -206,6 +231,8 @@ def main() -> None:
     pgbench = find_pgbench()
     with throwaway_server() as dsn:
         setup(dsn, {})
+        if args.floor:
+            add_floor(dsn)
         with psycopg.connect(dsn) as conn:
             version = conn.execute("SHOW server_version").fetchone()
         print(f"server {version[0] if version else '?'}; {machine_info()}; load {load()}")

@@ -55,13 +55,17 @@
 -- Cost (bench/batch_cost.py, PG 18, 2 shared cores, 2026-12-06): server CPU
 -- per lease (claim + release, 10 per batch, one backend) 225-245 us against
 -- raw's single cycle 160-200 us and a single claim+release 420-460 us; leases
--- per second 2.9x raw's single cycle at 1 client, 0.97x at 8 (CPU-bound). Every
+-- per second 1.6-2.9x raw's single cycle at 1 client, 0.97-1.16x at 8 (CPU-bound;
+-- medians of runs at load 2.5-5, one outlier 1.80). Every
 -- item after the first runs the single functions' cold way (the transaction
 -- has an id by then), about 100 us for a claim and 75 us for a release
 -- (profiled): their argument regexes, the refusal pre-check, five statements.
 -- Running every release of a batch in an EXCEPTION block cost no measurable
 -- extra at 10 items (275 us per lease both ways, +-10%); the subxid cache, not
--- the time, is why successes run outside one.
+-- the time, is why successes run outside one. The items as one set-based
+-- statement (bench/batch_floor.sql, not a full implementation) measured
+-- 115 us per lease and 2.0-2.5x raw at 8 clients: the way to issue 24's 1.5x
+-- once the lease row layout settles.
 --
 -- The largest batch is 1000 items (MAX_BATCH in pglease/batches.py): the
 -- batch holds all its locks until it commits, and the client's deadline
