@@ -226,7 +226,9 @@ def read_log_op(cursor: str | None, limit: int) -> ops.ReadLogOp:
 
 def parse_resource(row: Sequence[Any]) -> ResourceState:
     """Build a ResourceState from ``(id, type, key, revision, created_at, updated_at,
-    generation, owner type, owner id, acquired_at, heartbeat_at, expires_at, held)``."""
+    generation, owner type, owner id, acquired_at, heartbeat_at, expires_at, held[,
+    claimable_at])``."""
+    claimable = row[13] if len(row) > 13 else None
     (
         rid,
         rtype,
@@ -241,9 +243,9 @@ def parse_resource(row: Sequence[Any]) -> ResourceState:
         heartbeat,
         expires,
         held,
-    ) = row
+    ) = row[:13]
     owner = Owner(otype, oid) if oid is not None else None
-    lease = LeaseState(generation, owner, acquired, heartbeat, expires, bool(held))
+    lease = LeaseState(generation, owner, acquired, heartbeat, expires, bool(held), claimable)
     return ResourceState(rid, rtype, key, revision, created, updated, lease)
 
 

@@ -83,7 +83,8 @@ def _page_query(
         "SELECT r.id, r.type, r.key, coalesce(l.revision, r.revision), r.created_at,"
         " coalesce(l.updated_at, r.updated_at), l.generation,"
         " l.owner_type, l.owner_id, l.acquired_at, l.heartbeat_at, l.expires_at, " + live + ","
-        " c.now FROM (SELECT clock_timestamp() AS now) c"
+        " c.now, CASE WHEN l.owner_id IS NULL AND l.revoked_until > c.now THEN l.revoked_until END"
+        " FROM (SELECT clock_timestamp() AS now) c"
         " CROSS JOIN {s}.resources r JOIN {s}.leases l ON l.resource_id = r.id"
         + (" WHERE " + " AND ".join(where) if where else "")
         + " ORDER BY r.type, r.key LIMIT %s"
@@ -144,7 +145,7 @@ def iter_resources(
         with factory() as conn:
             rows = conn.execute(query, [values[n] for n in names]).fetchall()
         for row in rows:
-            yield Listed(parse_resource(row[:13]), row[13])
+            yield Listed(parse_resource(row[:13] + row[14:]), row[13])
         if remaining is not None:
             remaining -= len(rows)
         if len(rows) < values["limit"]:
@@ -158,7 +159,8 @@ def _one_query(schema: str) -> sql.Composed:
         "SELECT r.id, r.type, r.key, coalesce(l.revision, r.revision), r.created_at,"
         " coalesce(l.updated_at, r.updated_at), l.generation,"
         " l.owner_type, l.owner_id, l.acquired_at, l.heartbeat_at, l.expires_at, " + live + ","
-        " c.now FROM (SELECT clock_timestamp() AS now) c"
+        " c.now, CASE WHEN l.owner_id IS NULL AND l.revoked_until > c.now THEN l.revoked_until END"
+        " FROM (SELECT clock_timestamp() AS now) c"
         " CROSS JOIN {s}.resources r JOIN {s}.leases l ON l.resource_id = r.id WHERE r.id = %s"
     ).format(s=sql.Identifier(schema))
 
@@ -183,6 +185,6 @@ def fetch_resource(
     row = conn.execute(_one_query(schema), [resource_id]).fetchone()
     if row is None:
         return None
-    listed = Listed(parse_resource(row[:13]), row[13])
+    listed = Listed(parse_resource(row[:13] + row[14:]), row[13])
     last = conn.execute(_last_event_query(schema), [resource_id]).fetchone()
     return listed, (parse_event(last) if last is not None else None)

@@ -80,6 +80,10 @@ class LeaseState:
     expires_at: datetime | None
     #: True when a holder is recorded and its lease is live by the database clock.
     held: bool
+    #: When no one holds the lease but a claim is still refused: the last
+    #: granted expiry of a revoked holder (`pglease revoke`, `resign`), by the
+    #: database clock; None when a claim is not held back.
+    claimable_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

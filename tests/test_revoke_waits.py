@@ -9,7 +9,11 @@ revoke itself reads the database clock.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -107,3 +111,46 @@ def test_revocation_says_when_the_lease_is_claimable_again(pg_store: PostgresSto
     with psycopg.connect(pg_store.dsn, autocommit=True) as conn:
         done = revoke_lease(conn, pg_store.schema, expired)
     assert done.revoked and done.claimable_at is None
+
+
+def test_reads_show_a_revoked_lease_as_free_but_not_claimable_yet(
+    pg_store: PostgresStore, pg_dsn: str
+) -> None:
+    """get, list_resources, `pglease get` and `pglease ls` name the wait: a
+    revoked lease is free (no holder) yet refused until the revoked holder's
+    last expiry, and a reader shown plain "free" would claim in vain."""
+    rid = pg_store.ensure_resource("job", "shown")
+    other = pg_store.ensure_resource("job", "plain")
+    stuck = pg_store.claim(rid, A, 600)
+    assert stuck is not None
+    _revoke(pg_store, rid)
+    state = pg_store.get(rid)
+    assert state.lease.owner is None and not state.lease.held
+    assert state.lease.claimable_at == stuck.expires_at
+    # Judged at the reader's time: after the old expiry nothing is waited for.
+    assert pg_store.get(rid, now=stuck.expires_at + MS).lease.claimable_at is None
+    listed = {s.id: s.lease.claimable_at for s in pg_store.list_resources("job")}
+    assert listed == {rid: stuck.expires_at, other: None}
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pglease", "--dsn", pg_dsn, "--schema", pg_store.schema,
+             *args],
+            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    got = json.loads(cli("--json", "get", "job", "shown"))
+    assert got["lease"]["held"] is False and got["lease"]["holder"] is None
+    assert datetime.fromisoformat(got["lease"]["claimable_at"]) == stuck.expires_at
+    assert json.loads(cli("--json", "get", "job", "plain"))["lease"]["claimable_at"] is None
+    text = cli("get", "job", "shown")
+    assert "lease:      free (revoked)" in text and "claimable again at" in text
+    rows = {r["key"]: r for r in json.loads(cli("--json", "ls"))}
+    assert datetime.fromisoformat(rows["shown"]["claimable_at"]) == stuck.expires_at
+    assert rows["plain"]["claimable_at"] is None
+    table = {line.split()[1]: line for line in cli("ls").splitlines()[1:]}
+    assert "(revoked)" in table["shown"] and "until claimable" in table["shown"]
+    assert "(revoked)" not in table["plain"]

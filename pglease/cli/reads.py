@@ -54,6 +54,8 @@ def _resource_row(state: ResourceState, now: datetime) -> dict[str, object]:
         "generation": lease.generation,
         "expires_at": lease.expires_at.isoformat() if lease.expires_at else None,
         "time_left": _time_left(lease.expires_at, now) if lease.held else None,
+        # Free but not claimable yet: a revoked holder's last granted expiry.
+        "claimable_at": lease.claimable_at.isoformat() if lease.claimable_at else None,
     }
 
 
@@ -95,9 +97,12 @@ def _ls_table(listed: Iterator[Listed], page_size: int) -> None:
     print(f"{'TYPE':<14} {'KEY':<32} {'REV':>6} {'GEN':>5} {'HOLDER':<28} TIME LEFT", flush=True)
     for n, item in enumerate(listed, 1):
         r = _resource_row(item.state, item.now)
+        holder, left = r["holder"] or "-", r["time_left"] or "-"
+        if (claimable := item.state.lease.claimable_at) is not None:
+            holder, left = "(revoked)", f"{_time_left(claimable, item.now)} until claimable"
         print(
             f"{r['type']!s:<14} {r['key']!s:<32} {r['revision']!s:>6} {r['generation']!s:>5}"
-            f" {r['holder'] or '-'!s:<28} {r['time_left'] or '-'}"
+            f" {holder!s:<28} {left}"
         )
         if n % page_size == 0:
             sys.stdout.flush()  # a page is out before the next one is read
@@ -149,6 +154,7 @@ def cmd_get(args: argparse.Namespace) -> int:
             "heartbeat_at": lease.heartbeat_at.isoformat() if lease.heartbeat_at else None,
             "expires_at": lease.expires_at.isoformat() if lease.expires_at else None,
             "seconds_left": item.seconds_left,
+            "claimable_at": lease.claimable_at.isoformat() if lease.claimable_at else None,
         },
         "last_event": _event_view(last) if last is not None else None,
     }
@@ -162,6 +168,13 @@ def cmd_get(args: argparse.Namespace) -> int:
             f"lease:      held by {lease.owner}, generation {lease.generation},"
             f" expires {_iso(lease.expires_at)}"
             f" ({item.seconds_left:.1f}s left by the database clock)"
+        )
+    elif lease.claimable_at is not None:
+        wait = (lease.claimable_at - item.now).total_seconds()
+        print(
+            f"lease:      free (revoked), generation {lease.generation}; claimable again at"
+            f" {_iso(lease.claimable_at)} ({wait:.1f}s by the database clock: the revoked"
+            " holder's last expiry)"
         )
     else:
         expired = f", expired {_iso(lease.expires_at)}" if lease.expires_at else ""

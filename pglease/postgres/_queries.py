@@ -54,7 +54,8 @@ class Queries:
             "r.id, r.type, r.key, coalesce(l.revision, r.revision), r.created_at,"
             " coalesce(l.updated_at, r.updated_at), l.generation,"
             " l.owner_type, l.owner_id, l.acquired_at, l.heartbeat_at, l.expires_at,"
-            " (l.owner_id IS NOT NULL AND l.expires_at > c.now)"
+            " (l.owner_id IS NOT NULL AND l.expires_at > c.now),"
+            " CASE WHEN l.owner_id IS NULL AND l.revoked_until > c.now THEN l.revoked_until END"
         )
         resource_from = (
             " FROM (SELECT {s}._clock_now(%s::timestamptz) AS now) c"
