@@ -126,9 +126,23 @@ def sql_entries(core: str) -> str:
     )  # fmt: skip
 
 
+PROBES = {
+    "v_nopfk": "ALTER TABLE @schema@.events DROP CONSTRAINT events_payload_sha256_fkey;",
+    "v_notrig": "DROP TRIGGER events_fence_at_commit ON @schema@.events;",
+    "v_nopidx": "DROP INDEX @schema@.events_payload;",
+    "v_nolfk": "ALTER TABLE @schema@.leases DROP CONSTRAINT leases_resource_id_fkey;",
+}
+
+
+def _no_refusal_branch(body: str) -> str:
+    start = body.index("        UNION ALL\n        SELECT false, l.generation,")
+    end = body.index("          INTO claimed, generation, expires_at, revision,", start)
+    return body[:start] + body[end:]
+
+
 def build(out: Path) -> None:
     core_path = "functions/10_core.sql"
-    for name in ("v_nosp", "v_nocoal", "v_sqlent"):
+    for name in ("v_nosp", "v_nocoal", "v_sqlent", "v_norefuse", *PROBES):
         target = out / name
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(SQL, target)
@@ -136,6 +150,10 @@ def build(out: Path) -> None:
         if name == "v_nosp":
             for fn in ("claim", "release"):
                 core = _edit(core, fn, lambda b: b.replace(PIN, "AS $$"))
+        elif name in PROBES:
+            (target / "0099_probe.sql").write_text(PROBES[name] + "\n")
+        elif name == "v_norefuse":
+            core = _edit(core, "claim", _no_refusal_branch)
         elif name == "v_nocoal":
             for fn in ("claim", "release"):
                 core = _edit(core, fn, lambda b: COAL.sub("x.revision + 1", b))
