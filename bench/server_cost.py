@@ -29,6 +29,12 @@ then EXPLAIN (ANALYZE, BUFFERS) of the statements a claim and a release run.
     .venv/bin/python bench/server_cost.py --profile [--seconds 10]
     .venv/bin/python bench/server_cost.py --cpu 3000 --mutate [--variant base=...]
 
+`--floor` adds the side `floor`: the same script on bench/floor.sql, the
+leanest claim and release that keep every guarantee (see that file), in
+schema `floor` on the same resource ids; issue 24's targets are 0.9 of it.
+
+    .venv/bin/python bench/server_cost.py --floor [--cpu 3000] [--clients 1,8]
+
 `--cpu N --mutate`: server CPU per fenced mutation instead (mutate_begin of a
 held lease with its expected revision, then COMMIT with the fence at commit),
 for no payload, a payload stored already and a new one, per schema side.
@@ -98,6 +104,20 @@ def ours(schema: str) -> str:
 
 
 SCRIPTS = {"raw": RAW, "ours": ours(SCHEMA)}
+FLOOR_SQL = Path(__file__).resolve().parent / "floor.sql"
+
+
+def add_floor(dsn: str) -> None:
+    """The `floor` side: bench/floor.sql in schema `floor`, on the same ids."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS floor CASCADE")
+        conn.execute("CREATE SCHEMA floor")
+        conn.execute(FLOOR_SQL.read_text().replace("@schema@", "floor").encode())
+        conn.execute(
+            f"INSERT INTO floor.leases (resource_id) SELECT resource_id FROM {SCHEMA}.leases"
+        )
+        conn.execute("VACUUM ANALYZE floor.leases")
+    SCRIPTS["floor"] = ours("floor")
 
 
 def setup(dsn: str, variants: dict[str, Path]) -> None:
@@ -500,6 +520,9 @@ def main() -> None:
         help="also run the functions of another sql/ directory (e.g. an exported older tree)"
         " in schema NAME, interleaved with the others",
     )
+    parser.add_argument(
+        "--floor", action="store_true", help="also the floor side (bench/floor.sql)"
+    )
     args = parser.parse_args()
     variants = {}
     for spec in args.variant:
@@ -510,6 +533,8 @@ def main() -> None:
     pgbench = find_pgbench()
     with throwaway_server() as dsn:
         setup(dsn, variants)
+        if args.floor:
+            add_floor(dsn)
         with psycopg.connect(dsn) as conn:
             version = conn.execute("SHOW server_version").fetchone()
         print(f"server {version[0] if version else '?'}; {machine_info()}; load {load()}")

@@ -314,6 +314,59 @@ BEGIN
     END IF;
 END $$;
 
+-- _bump, and in the same UPDATE the lease's own columns as `p_lease` has
+-- them: for a cold way that changes the lease and writes an event, one
+-- update of the lease row instead of its own UPDATE then _bump's (two heap
+-- updates and WAL records of one row in one transaction). The revision,
+-- updated_at and last_xid of `p_lease` are ignored: they are _bump's.
+CREATE OR REPLACE FUNCTION @schema@._bump_lease(
+    p_lease @schema@.leases, p_now timestamptz, p_type text, p_actor_type text,
+    p_actor_id text, p_generation bigint, p_expires_at timestamptz,
+    OUT revision bigint, OUT event_id bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_prev xid8;
+BEGIN
+    -- As _bump's statement, with the lease columns set too.
+    WITH u AS (
+        UPDATE @schema@.leases x
+           SET generation = p_lease.generation, owner_type = p_lease.owner_type,
+               owner_id = p_lease.owner_id, token_sha256 = p_lease.token_sha256,
+               acquired_at = p_lease.acquired_at, heartbeat_at = p_lease.heartbeat_at,
+               expires_at = p_lease.expires_at, expired_generation = p_lease.expired_generation,
+               revoked_until = p_lease.revoked_until,
+               revision = coalesce(x.revision, (SELECT r.revision FROM @schema@.resources r
+                                                 WHERE r.id = x.resource_id)) + 1,
+               updated_at = p_now, last_xid = pg_current_xact_id()
+         WHERE x.resource_id = p_lease.resource_id
+        RETURNING x.revision,
+                  (SELECT o.last_xid FROM @schema@.leases o
+                    WHERE o.resource_id = p_lease.resource_id) AS prev_xid),
+    e AS (
+        INSERT INTO @schema@.events (resource_id, revision, type, actor_type, actor_id,
+                                     lease_generation, lease_expires_at, created_at)
+        SELECT p_lease.resource_id, u.revision, p_type, p_actor_type, p_actor_id,
+               p_generation, p_expires_at, p_now FROM u
+        RETURNING events.id)
+    SELECT u.revision, e.id,
+           coalesce(u.prev_xid,
+                    (SELECT x.xid FROM @schema@.events x
+                      WHERE x.resource_id = p_lease.resource_id AND x.revision = u.revision - 1))
+      INTO _bump_lease.revision, _bump_lease.event_id, v_prev FROM u, e;
+    IF v_prev > pg_current_xact_id() THEN
+        RAISE EXCEPTION 'event order: revision % of % would be ordered before revision %',
+            _bump_lease.revision, p_lease.resource_id, _bump_lease.revision - 1
+            USING ERRCODE = '40001',
+                  HINT = 'lock the lease row before the transaction writes anything else';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock_shared(hashtext('pglease.skip'), hashtext('@schema@'))
+       OR pg_try_advisory_xact_lock(hashtext('pglease.notify'), hashtext('@schema@')) THEN
+        PERFORM pg_notify(left('pglease_@schema@', 63), '');
+    END IF;
+END $$;
+
 -- The cold ways of claim, renew and release (the entry points below run
 -- these when their one statement matched no row, or cannot be used): the
 -- complete checks and judgements, statement by statement, which word every
@@ -458,22 +511,25 @@ BEGIN
         RETURN;
     END IF;
     IF l.owner_id IS NOT NULL AND l.expired_generation IS DISTINCT FROM l.generation THEN
+        -- Each event's bump writes the lease as it is after that event.
         l.expired_generation := l.generation;
-        PERFORM @schema@._bump(p_resource, v_now, 'lease.expired', l.owner_type, l.owner_id,
-                               l.generation, l.expires_at, NULL);
+        PERFORM @schema@._bump_lease(l, v_now, 'lease.expired', l.owner_type, l.owner_id,
+                                     l.generation, l.expires_at);
     END IF;
     claimed := true;
     generation := l.generation + 1;
     expires_at := v_now + make_interval(secs => p_ttl);
     holder_type := p_owner_type;
     holder_id := p_owner_id;
-    UPDATE @schema@.leases SET generation = _claim_cold.generation, owner_type = p_owner_type,
-        owner_id = p_owner_id, token_sha256 = p_token_sha256, acquired_at = v_now,
-        heartbeat_at = v_now, expires_at = _claim_cold.expires_at,
-        expired_generation = l.expired_generation
-        WHERE resource_id = p_resource;
-    SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.claimed',
-        p_owner_type, p_owner_id, _claim_cold.generation, _claim_cold.expires_at, NULL) b;
+    l.generation := _claim_cold.generation;
+    l.owner_type := p_owner_type;
+    l.owner_id := p_owner_id;
+    l.token_sha256 := p_token_sha256;
+    l.acquired_at := v_now;
+    l.heartbeat_at := v_now;
+    l.expires_at := _claim_cold.expires_at;
+    SELECT b.revision INTO revision FROM @schema@._bump_lease(l, v_now, 'lease.claimed',
+        p_owner_type, p_owner_id, _claim_cold.generation, _claim_cold.expires_at) b;
 END $$;
 
 -- Renew: extend a current, unexpired lease; bump and log `lease.renewed`.
@@ -500,10 +556,10 @@ BEGIN
             l.expires_at USING ERRCODE = 'PGL04';
     END IF;
     expires_at := v_now + make_interval(secs => p_ttl);
-    UPDATE @schema@.leases SET heartbeat_at = v_now, expires_at = _renew_cold.expires_at
-        WHERE resource_id = p_resource;
-    SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.renewed',
-        p_owner_type, p_owner_id, p_generation, _renew_cold.expires_at, NULL) b;
+    l.heartbeat_at := v_now;
+    l.expires_at := _renew_cold.expires_at;
+    SELECT b.revision INTO revision FROM @schema@._bump_lease(l, v_now, 'lease.renewed',
+        p_owner_type, p_owner_id, p_generation, _renew_cold.expires_at) b;
 END $$;
 
 -- Release: end a current lease (expired or not); bump and log `lease.released`.
@@ -1247,11 +1303,15 @@ BEGIN
     END IF;
     revoked := true;
     generation := l.generation + 1;
-    UPDATE @schema@.leases SET generation = revoke_lease.generation, owner_type = NULL,
-        owner_id = NULL, token_sha256 = NULL, expires_at = NULL, heartbeat_at = v_now,
-        expired_generation = revoke_lease.generation,
-        revoked_until = CASE WHEN l.expires_at > v_now THEN l.expires_at END
-        WHERE resource_id = p_resource;
-    SELECT b.revision INTO revision FROM @schema@._bump(p_resource, v_now, 'lease.revoked',
-        l.owner_type, l.owner_id, revoke_lease.generation, NULL, NULL) b;
+    l.revoked_until := CASE WHEN l.expires_at > v_now THEN l.expires_at END;
+    l.generation := revoke_lease.generation;
+    l.expired_generation := revoke_lease.generation;
+    l.owner_type := NULL;
+    l.owner_id := NULL;
+    l.token_sha256 := NULL;
+    l.expires_at := NULL;
+    l.heartbeat_at := v_now;
+    -- The event names the revoked holder (holder_type/holder_id, read above).
+    SELECT b.revision INTO revision FROM @schema@._bump_lease(l, v_now, 'lease.revoked',
+        holder_type, holder_id, revoke_lease.generation, NULL) b;
 END $$;

@@ -88,9 +88,9 @@ BEGIN
         v_now := clock_timestamp();
         CONTINUE WHEN l.owner_id IS NULL OR l.expires_at > v_now
                    OR l.expired_generation IS NOT DISTINCT FROM l.generation;
-        UPDATE @schema@.leases SET expired_generation = l.generation WHERE resource_id = v_id;
-        PERFORM @schema@._bump(v_id, v_now, 'lease.expired', l.owner_type, l.owner_id,
-                               l.generation, l.expires_at, NULL);
+        l.expired_generation := l.generation;
+        PERFORM @schema@._bump_lease(l, v_now, 'lease.expired', l.owner_type, l.owner_id,
+                                     l.generation, l.expires_at);
         v_count := v_count + 1;
     END LOOP;
     RETURN v_count;
@@ -145,10 +145,10 @@ BEGIN
        OR l.expired_generation IS NOT DISTINCT FROM l.generation THEN
         RETURN;
     END IF;
-    UPDATE @schema@.leases c SET expired_generation = l.generation
-     WHERE c.resource_id = lease_resource;
-    PERFORM @schema@._bump(lease_resource, v_now, 'lease.expired', l.owner_type, l.owner_id,
-                           l.generation, l.expires_at, NULL);
+    -- One update of the lease row: the recorded expiry with the bump.
+    l.expired_generation := l.generation;
+    PERFORM @schema@._bump_lease(l, v_now, 'lease.expired', l.owner_type, l.owner_id,
+                                 l.generation, l.expires_at);
     reaped := true;
 END $$;
 
