@@ -112,12 +112,13 @@
 -- bounds it like any single call.
 
 -- The items' positions in resource-id order: at most 1000 items, none named
--- twice. The ids themselves (and the owners, below) are checked by the
--- per-item functions, which raise PGL12 (PGL13) for a malformed one, and that
--- error fails the whole statement, so the batch is refused whole all the same.
--- They are not matched against their patterns here too: with its bounded
--- repetition ({0,62}) one such regex match costs about 9 us per id, a third of
--- what a batch item costs besides its own function (measured, PG 18).
+-- twice. The ids themselves (and the owners, below) are vouched for by the
+-- lease rows the set statement matches, or checked by the cold function of
+-- an item it did not match, which raises PGL12 (PGL13) for a malformed one
+-- and fails the whole statement (see Inputs at the top). They are not matched
+-- against their patterns here: with its bounded repetition ({0,62}) one such
+-- regex match costs about 9 us per id (measured, PG 18), near a tenth of what
+-- a set-based item costs.
 CREATE OR REPLACE FUNCTION @schema@._batch_order(p_what text, p_resources text[])
 RETURNS integer[] LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
