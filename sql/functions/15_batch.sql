@@ -84,7 +84,9 @@
 -- at the statement's instant; under the queue locks neither can change
 -- (only writers that queue change the owner, generation and token; the
 -- heartbeat only extends an unexpired lease; time only runs on), so its cold
--- function fails in its block having written nothing (no subxid). Claims
+-- function fails in its block, having written nothing, and the block rolls
+-- back: an aborted subtransaction leaves no subxid behind (its id, if the
+-- cold renew's row lock took one, leaves the cache at the rollback). Claims
 -- never run in a block: a claim of a held lease is a result, not an error.
 --
 -- Plans that cannot degrade (as heartbeat in 30_fleet.sql): the statements
@@ -390,8 +392,8 @@ BEGIN
     v_code := array_fill(NULL::text, ARRAY[coalesce(cardinality(v_k), 0)]);
     v_msg := v_code;
     -- The rest, in id order: not current or expired at v_now (or unknown,
-    -- malformed: those raise). Each cold call fails in its block having
-    -- written nothing (see the top); the block catches only the currency.
+    -- malformed: those raise). Each cold call fails in its block, which rolls
+    -- back (see the top); the block catches only the currency.
     FOREACH i IN ARRAY coalesce(v_rest, '{}') LOOP
         v_k := v_k || i;
         BEGIN
