@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from pglease import Claim, Owner, PostgresStore
+from pglease.ids import token_hash
 from pglease.migrations import migrate
 from pglease.testing import set_test_clock
 
@@ -326,3 +327,42 @@ def test_a_batch_of_1000(pg_store: PostgresStore, pg_dsn: str, schema: str) -> N
         ]  # fmt: skip
     for rid in rids[0:20:2]:  # b's first ten: renewed and released by a's batch
         assert pg_store.get(rid, now=at(3)).revision == 3
+
+
+def test_items_that_succeed_take_no_subtransaction(
+    pg_store: PostgresStore, pg_dsn: str, schema: str
+) -> None:
+    """100 renews and releases that succeed next to some that fail: the
+    transaction keeps no subxid (more than 64 would overflow the cache)."""
+    rids = [pg_store.ensure_resource("run", f"sx{i}") for i in range(110)]
+    claims = pg_store.claim_many(rids, Owner("host", "a"), 60, now=at(0))
+    assert all(isinstance(c, Claim) for c in claims)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        if conn.info.server_version < 160000:
+            pytest.skip("pg_stat_get_backend_subxact needs PostgreSQL 16")
+        for fn, tail in (("renew_many", [30, at(1)]), ("release_many", [at(2)])):
+            marks = ", ".join(["%s"] * len(tail))
+            with conn.transaction():
+                rows = conn.execute(
+                    f"SELECT error_code FROM {schema}.{fn}(%s, %s, %s, %s, %s, {marks})",
+                    [
+                        rids,
+                        ["host"] * 110,
+                        ["a"] * 100 + ["b"] * 10,  # the last 10: not current
+                        [1] * 110,
+                        [token_hash(c.token) for c in claims if c is not None],
+                        *tail,
+                    ],
+                ).fetchall()
+                # The backend's status, read for the first time in this
+                # transaction, so after the batch.
+                (count, overflowed) = one(
+                    conn,
+                    "SELECT x.subxact_count, x.subxact_overflowed"
+                    " FROM pg_stat_get_backend_idset() b(id),"
+                    " pg_stat_get_backend_subxact(b.id) x"
+                    " WHERE pg_stat_get_backend_pid(b.id) = pg_backend_pid()",
+                    [],
+                )
+            assert count == 0 and not overflowed
+            assert [r[0] for r in rows] == [None] * 100 + ["PGL03"] * 10
