@@ -23,12 +23,18 @@ functions (bench/batch_floor.sql, one statement for all items; see its
 header for what it leaves out), to show what the per-item design leaves on
 the table.
 
+`--previous REV` adds a side `prev`: the batch functions of
+sql/functions/15_batch.sql as it was at git revision REV (e.g. the per-item
+design, 2bb17d0), installed as claim_many_prev / release_many_prev next to
+the current ones, so both designs run in the same rounds.
+
 `--cpu CYCLES` instead measures server CPU per lease in one backend, no client
 or network in the loop (as `server_cost.py --cpu`): each side in a procedure
 that commits after every statement, the backend's own CPU time from /proc.
 
     .venv/bin/python bench/batch_cost.py [--seconds 5] [--rounds 3] [--clients 1,8]
     .venv/bin/python bench/batch_cost.py --floor --clients 8
+    .venv/bin/python bench/batch_cost.py --previous 2bb17d0 [--cpu 2000]
     .venv/bin/python bench/batch_cost.py --cpu 2000 [--rounds 5]
 """
 
@@ -119,6 +125,25 @@ def add_floor(dsn: str) -> None:
     GENERATIONS["floor"] = GENERATIONS["batch"]
 
 
+def add_previous(dsn: str, rev: str) -> None:
+    """The `prev` side: the batch functions at git revision `rev`, renamed."""
+    root = Path(__file__).resolve().parent.parent
+    text = subprocess.run(
+        ["git", "show", f"{rev}:sql/functions/15_batch.sql"],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    for name in ("claim_many", "renew_many", "release_many"):
+        text = text.replace(f"@schema@.{name}(", f"@schema@.{name}_prev(")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(text.replace("@schema@", SCHEMA).encode())
+    SCRIPTS["prev"] = (
+        batch(SCHEMA)
+        .replace(".claim_many(", ".claim_many_prev(")
+        .replace(".release_many(", ".release_many_prev(")
+    )
+    GENERATIONS["prev"] = GENERATIONS["batch"]
+
+
 def _generations(dsn: str, side: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(GENERATIONS[side]).fetchone()
@@ -150,10 +175,12 @@ def run(pgbench: str, dsn: str, side: str, clients: int, seconds: int) -> float:
 def compare(pgbench: str, dsn: str, clients: list[int], seconds: int, rounds: int) -> None:
     sides = list(SCRIPTS)
     floor = "floor" in SCRIPTS
+    prev = "prev" in SCRIPTS
     print(
         f"{'clients':>7} {'raw /s':>9} {'batch /s':>9} {'ours /s':>9} {'batch/raw':>9}"
         f" {'batch/ours':>10} {'rounds (batch/raw)':>22} {'load':>11}"
         + (f" {'floor /s':>9} {'floor/raw':>9}" if floor else "")
+        + (f" {'prev /s':>9} {'prev/raw':>9} {'batch/prev':>10}" if prev else "")
     )
     for n in clients:
         at_start = load()
@@ -169,24 +196,30 @@ def compare(pgbench: str, dsn: str, clients: list[int], seconds: int, rounds: in
             f"{n:>7} {med['raw']:>9.0f} {med['batch']:>9.0f} {med['ours']:>9.0f}"
             f" {med['batch'] / med['raw']:>9.2f} {med['batch'] / med['ours']:>10.2f}"
             f" {per_round:>22} {at_start + '>' + load():>11}"
-            + (f" {med['floor']:>9.0f} {med['floor'] / med['raw']:>9.2f}" if floor else ""),
+            + (f" {med['floor']:>9.0f} {med['floor'] / med['raw']:>9.2f}" if floor else "")
+            + (
+                f" {med['prev']:>9.0f} {med['prev'] / med['raw']:>9.2f}"
+                f" {med['batch'] / med['prev']:>10.2f}"
+                if prev
+                else ""
+            ),
             flush=True,
         )
 
 
-def _batch_procedure() -> str:
+def _batch_procedure(side: str = "batch", suffix: str = "") -> str:
     """The batch script's two statements in a procedure, a COMMIT after each."""
     return (
-        "CREATE OR REPLACE PROCEDURE bench_loop.batch(n integer, tok bytea) LANGUAGE plpgsql"
+        f"CREATE OR REPLACE PROCEDURE bench_loop.{side}(n integer, tok bytea) LANGUAGE plpgsql"
         " AS $$ DECLARE k integer; a text[]; rr text[]; gg bigint[]; m integer; BEGIN"
         f" FOR i IN 1..n LOOP k := 1 + floor(random() * {STRIDE})::integer;"
         f" a := ARRAY(SELECT {_rid(f'k + {STRIDE} * j')} FROM generate_series(0, {BATCH - 1}) j"
         " ORDER BY j);"
         " SELECT array_agg(a[x.ord]) FILTER (WHERE x.claimed),"
         " array_agg(x.generation) FILTER (WHERE x.claimed), count(*) FILTER (WHERE x.claimed)"
-        f" INTO rr, gg, m FROM {SCHEMA}.claim_many(a, 'bench', 'pgbench',"
+        f" INTO rr, gg, m FROM {SCHEMA}.claim_many{suffix}(a, 'bench', 'pgbench',"
         f" array_fill(tok, ARRAY[{BATCH}]), 30::float8, NULL::timestamptz) x; COMMIT;"
-        f" IF m > 0 THEN PERFORM count(*) FROM {SCHEMA}.release_many(rr,"
+        f" IF m > 0 THEN PERFORM count(*) FROM {SCHEMA}.release_many{suffix}(rr,"
         " array_fill('bench'::text, ARRAY[m]), array_fill('pgbench'::text, ARRAY[m]), gg,"
         " array_fill(tok, ARRAY[m]), NULL::timestamptz); END IF; COMMIT;"
         " END LOOP; END $$"
@@ -196,6 +229,8 @@ def _batch_procedure() -> str:
 def cpu_loops(dsn: str, cycles: int, rounds: int) -> None:
     """Server CPU per lease (claim+release) in one backend, sides interleaved ABBA."""
     per_call = {"raw": 1, "batch": BATCH, "ours": 1}
+    if "prev" in SCRIPTS:
+        per_call["prev"] = BATCH
     token = hashlib.sha256(b"pgbench").digest()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA IF EXISTS bench_loop CASCADE")
@@ -203,6 +238,8 @@ def cpu_loops(dsn: str, cycles: int, rounds: int) -> None:
         conn.execute(_loop_procedure("raw").encode())
         conn.execute(_loop_procedure("ours").encode())
         conn.execute(_batch_procedure().encode())
+        if "prev" in per_call:
+            conn.execute(_batch_procedure("prev", "_prev").encode())
         per: dict[str, list[float]] = {side: [] for side in per_call}
         for i in range(rounds):
             for side in list(per_call) if i % 2 == 0 else reversed(per_call):
@@ -224,6 +261,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", default="1,8")
     parser.add_argument("--floor", action="store_true", help="also the set-based floor")
+    parser.add_argument("--previous", metavar="REV", help="also the batches at git REV")
     parser.add_argument(
         "--cpu", type=int, metavar="CYCLES", help="server CPU per lease in one backend instead"
     )
@@ -233,6 +271,8 @@ def main() -> None:
         setup(dsn, {})
         if args.floor:
             add_floor(dsn)
+        if args.previous:
+            add_previous(dsn, args.previous)
         with psycopg.connect(dsn) as conn:
             version = conn.execute("SHOW server_version").fetchone()
         print(f"server {version[0] if version else '?'}; {machine_info()}; load {load()}")
